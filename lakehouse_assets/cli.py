@@ -1,0 +1,254 @@
+"""``lakehouse``: the command line over the tenant API (:mod:`lake`).
+
+Errors the lakehouse raises on purpose are printed as one line naming the
+dataset, file and line, with exit code 1; nothing half-written stays behind.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import click
+from tqdm import tqdm
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets.entities import read_statements_csv
+from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.lake import Dataset, Lakehouse
+from lakehouse_assets.settings import Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Context:
+    def __init__(self, lake: Lakehouse, dataset: str | None) -> None:
+        self.lake = lake
+        self.dataset_name = dataset
+
+    def dataset(self) -> Dataset:
+        if not self.dataset_name:
+            raise click.UsageError("this command needs --dataset/-d NAME")
+        return self.lake.dataset(self.dataset_name)
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+class LakehouseGroup(click.Group):
+    """Turns LakehouseError into a one-line message and exit code 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except LakehouseError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            sys.exit(1)
+
+
+@contextmanager
+def _input(path: str) -> Iterator[tuple[IO[bytes], str]]:
+    if path == "-":
+        yield sys.stdin.buffer, "<stdin>"
+        return
+    p = Path(path)
+    if not p.is_file():
+        raise click.BadParameter(f"no such file: {path}", param_hint="--input/-i")
+    with p.open("rb") as fh:
+        yield fh, str(p)
+
+
+@click.group(cls=LakehouseGroup)
+@click.option("--lake", "lake_uri", envvar="LAKEHOUSE_LAKE_URI", help="Lake URI: folder or s3://bucket/prefix.")
+@click.option("--journal-url", envvar="LAKEHOUSE_JOURNAL_URL", help="Journal SQLAlchemy URL.")
+@click.option("--tenant", envvar="LAKEHOUSE_TENANT", help="Tenant name (namespaces tags and locks).")
+@click.option("--dataset", "-d", "dataset", help="Dataset name.")
+@click.pass_context
+def cli(ctx: click.Context, lake_uri: str | None, journal_url: str | None, tenant: str | None, dataset: str | None) -> None:
+    """An FtM data lakehouse: archive, journal, Delta statements, exports."""
+    settings = Settings()
+    ctx.obj = Context(
+        Lakehouse(lake_uri, settings=settings, journal_url=journal_url, tenant=tenant), dataset
+    )
+
+
+# --- datasets ---------------------------------------------------------------
+
+
+@cli.group()
+def datasets() -> None:
+    """List and create datasets."""
+
+
+@datasets.command("list")
+@pass_ctx
+def datasets_list(obj: Context) -> None:
+    """Print the datasets of the lake, one per line."""
+    for name in obj.lake.datasets():
+        click.echo(name)
+
+
+@datasets.command("create")
+@click.argument("name")
+@click.option("--title", help="Human-readable title.")
+@click.option("--summary", help="One-paragraph summary.")
+@pass_ctx
+def datasets_create(obj: Context, name: str, title: str | None, summary: str | None) -> None:
+    """Create a dataset (idempotent)."""
+    ds = obj.lake.create_dataset(name, title=title, summary=summary)
+    click.echo(f"created {ds.name} in {obj.lake.store.uri}", err=True)
+
+
+# --- archive ----------------------------------------------------------------
+
+
+@cli.group()
+def archive() -> None:
+    """Source files: add, get, cat, ls, delete."""
+
+
+@archive.command("add")
+@click.argument("uris", nargs=-1, required=True)
+@click.option("--checksum", help="Expected SHA-256 (verified; mismatch stores nothing).")
+@click.option("--file-id", help="Explicit metadata id (single file only).")
+@click.option("--document/--no-document", default=False, help="Also write a Document entity to the journal.")
+@pass_ctx
+def archive_add(obj: Context, uris: tuple[str, ...], checksum: str | None, file_id: str | None, document: bool) -> None:
+    """Archive files from paths or file://, s3://, http(s):// URIs."""
+    ds = obj.dataset()
+    if (checksum or file_id) and len(uris) > 1:
+        raise click.UsageError("--checksum and --file-id apply to a single file")
+    for uri in uris:
+        meta = ds.add_file(uri, checksum=checksum, file_id=file_id, create_document=document)
+        click.echo(meta.model_dump_json())
+
+
+@archive.command("get")
+@click.argument("checksum")
+@pass_ctx
+def archive_get(obj: Context, checksum: str) -> None:
+    """Print a file's metadata as JSON."""
+    click.echo(obj.dataset().archive.get(checksum).model_dump_json(indent=2))
+
+
+@archive.command("cat")
+@click.argument("checksum")
+@pass_ctx
+def archive_cat(obj: Context, checksum: str) -> None:
+    """Stream a file's content to stdout."""
+    with obj.dataset().archive.open(checksum) as fh:
+        shutil.copyfileobj(fh, sys.stdout.buffer, 1024 * 1024)
+
+
+@archive.command("ls")
+@pass_ctx
+def archive_ls(obj: Context) -> None:
+    """List file metadata as JSON lines."""
+    for meta in obj.dataset().archive.list():
+        click.echo(meta.model_dump_json())
+
+
+@archive.command("delete")
+@click.argument("file_id")
+@click.option("--checksum", help="The blob's checksum (faster lookup).")
+@pass_ctx
+def archive_delete(obj: Context, file_id: str, checksum: str | None) -> None:
+    """Delete one metadata entry (the blob stays)."""
+    meta = obj.dataset().archive.delete(file_id, checksum=checksum)
+    click.echo(f"deleted {meta.file_id} ({meta.key})", err=True)
+
+
+# --- entities and statements --------------------------------------------------
+
+
+@cli.group()
+def entities() -> None:
+    """Write and delete entities."""
+
+
+@entities.command("write")
+@click.option("--input", "-i", "path", default="-", show_default=True, help="FtM JSON lines file or - for stdin.")
+@click.option("--origin", "-o", default=cv.DEFAULT_ORIGIN, show_default=True)
+@pass_ctx
+def entities_write(obj: Context, path: str, origin: str) -> None:
+    """Validate and write FtM entities (one JSON object per line); all or nothing."""
+    ds = obj.dataset()
+    with _input(path) as (fh, source), tqdm(
+        unit=" lines", desc=f"{ds.name}", file=sys.stderr, disable=None
+    ) as bar:
+        bulk = ds.write_entities(fh, origin=origin, source=source, progress=bar.update)
+    click.echo(f"wrote {bulk.entities} entities, {bulk.count} statements to {ds.name}", err=True)
+
+
+@entities.command("delete")
+@click.argument("entity_ids", nargs=-1, required=True)
+@click.option("--origin", "-o", default=None, help="Only statements of this origin.")
+@pass_ctx
+def entities_delete(obj: Context, entity_ids: tuple[str, ...], origin: str | None) -> None:
+    """Tombstone all statements of entities."""
+    ds = obj.dataset()
+    for entity_id in entity_ids:
+        n = ds.delete_entity(entity_id, origin=origin)
+        click.echo(f"{entity_id}: {n} statements tombstoned", err=True)
+
+
+@cli.group()
+def statements() -> None:
+    """Write statements in followthemoney's CSV format."""
+
+
+@statements.command("write")
+@click.option("--input", "-i", "path", default="-", show_default=True, help="Statement CSV file or - for stdin.")
+@click.option("--origin", "-o", default=cv.DEFAULT_ORIGIN, show_default=True)
+@pass_ctx
+def statements_write(obj: Context, path: str, origin: str) -> None:
+    """Validate and write statements (followthemoney CSV); all or nothing."""
+    ds = obj.dataset()
+    with _input(path) as (fh, source), ds.bulk(origin) as bulk, tqdm(
+        unit=" statements", desc=ds.name, file=sys.stderr, disable=None
+    ) as bar:
+        for stmt in read_statements_csv(fh, dataset=ds.name, origin=bulk.origin, source=source):
+            bulk.add_statement(stmt)
+            bar.update()
+    click.echo(f"wrote {bulk.count} statements to {ds.name}", err=True)
+
+
+# --- tags -------------------------------------------------------------------
+
+
+@cli.group()
+def tags() -> None:
+    """Freshness tags."""
+
+
+@tags.command("ls")
+@click.option("--tenant", default=cv.LAKEHOUSE_TENANT, show_default=True)
+@pass_ctx
+def tags_ls(obj: Context, tenant: str) -> None:
+    """Print a tenant's tags as ``key<TAB>timestamp``."""
+    for key, ts in obj.dataset().tags(tenant).items():
+        click.echo(f"{key}\t{ts.isoformat()}")
+
+
+@cli.command("jobs")
+@click.argument("job_type")
+@pass_ctx
+def jobs_ls(obj: Context, job_type: str) -> None:
+    """Print the recorded runs of a job type as JSON lines."""
+    from lakehouse_assets.jobs import list_runs
+
+    for run in list_runs(obj.lake.store, obj.dataset().name, job_type):
+        click.echo(json.dumps(run.model_dump(mode="json")))
+
+
+def main() -> None:
+    cli(prog_name="lakehouse")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""Every path and tag name of the storage layout, and the names that build them.
+
+Nothing outside this module spells a path of the lake. All names that end up
+in a path (dataset, tenant, tag key, file id, checksum, origin, job type) are
+validated here *before* a path is built, so nothing can escape the lake
+(``..``, absolute paths, separators, NUL bytes are all rejected)::
+
+    lakehouse/
+    ├── index.json                       catalog index
+    ├── config.yml                       catalog configuration
+    ├── versions/YYYY/MM/{timestamp}/    versioned catalog snapshots
+    └── {dataset}/
+        ├── config.yml                   dataset configuration
+        ├── index.json                   dataset index with statistics
+        ├── .LOCK                        dataset-wide lock
+        ├── archive/{ch[0:2]}/{ch[2:4]}/{ch[4:6]}/{checksum}/
+        │   ├── data                     raw file content (stored once)
+        │   ├── {file_id}.json           file metadata (one per source path)
+        │   └── {origin}.txt             extracted text (one per engine)
+        ├── entities/
+        │   ├── statements/origin={origin}/*.parquet   Delta table
+        │   └── translog/*.parquet                      Delta table
+        ├── entities.ftm.json            aggregated entities export
+        ├── mappings/{content_hash}/mapping.yml, versions/{timestamp}.yml
+        ├── exports/statements.csv, statistics.json, graph.cypher
+        ├── versions/YYYY/MM/{timestamp}/{filename}
+        ├── locks/{tenant}/{operation}
+        ├── tags/{tenant}/{key}
+        ├── queue/{tenant}/{uuid7}.json
+        └── jobs/runs/{job_type}/{timestamp}.json
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Final
+
+from lakehouse_assets.errors import InvalidNameError
+
+# --- names ------------------------------------------------------------------
+
+#: FollowTheMoney dataset names: lowercase letters, digits and underscores.
+DATASET_NAME: Final = re.compile(r"^[a-z0-9_]{1,128}$")
+#: Tenants are app or person names; a hyphen is allowed (``open-aleph``).
+TENANT_NAME: Final = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,63}$")
+#: One segment of a tag key or job type; may not start with a dot, so
+#: ``.`` and ``..`` can never be a segment.
+SEGMENT: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+#: File ids are single path segments of the same shape.
+FILE_ID: Final = SEGMENT
+#: Archive checksums are SHA-256 hex digests.
+CHECKSUM: Final = re.compile(r"^[0-9a-f]{64}$")
+#: Origins become a Delta partition value (``origin=...``): a colon is allowed
+#: for ``mapping:{hash}``, a slash or anything path-like is not.
+ORIGIN: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@\-]{0,254}$")
+
+#: The lakehouse is its own tenant; its tags are the core tags of the spec.
+LAKEHOUSE_TENANT: Final = "lakehouse"
+#: Origin used when a tenant does not name one.
+DEFAULT_ORIGIN: Final = "default"
+
+
+def _check(kind: str, value: object, pattern: re.Pattern[str], hint: str) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise InvalidNameError(f"Invalid {kind} {value!r}: {hint}")
+    return value
+
+
+def dataset_name(value: object) -> str:
+    """Validate a dataset name (FtM naming: ``[a-z0-9_]``, 1-128 chars)."""
+    return _check(
+        "dataset name", value, DATASET_NAME, "use lowercase letters, digits and '_'"
+    )
+
+
+def tenant_name(value: object) -> str:
+    """Validate a tenant name (``[a-z0-9_-]``, starting with a letter/digit)."""
+    return _check(
+        "tenant name",
+        value,
+        TENANT_NAME,
+        "use lowercase letters, digits, '_' and '-' (max 64 chars)",
+    )
+
+
+def tag_key(value: object) -> str:
+    """Validate a tag key: ``/``-separated segments, none empty or dotted."""
+    if not isinstance(value, str) or not value or len(value) > 512:
+        raise InvalidNameError(f"Invalid tag key {value!r}: must be 1-512 chars")
+    for segment in value.split("/"):
+        _check(
+            "tag key",
+            segment,
+            SEGMENT,
+            f"segment {segment!r} must be letters, digits, '_', '-', '.' "
+            "and not start with '.'",
+        )
+    return value
+
+
+def file_id(value: object) -> str:
+    """Validate a file id (one path segment, not starting with a dot)."""
+    return _check(
+        "file id", value, FILE_ID, "use letters, digits, '_', '-', '.' (no '/')"
+    )
+
+
+def checksum(value: object) -> str:
+    """Validate a SHA-256 hex checksum (lowercase, 64 chars)."""
+    return _check("checksum", value, CHECKSUM, "expected a lowercase SHA-256 hex digest")
+
+
+def origin(value: object) -> str:
+    """Validate an origin (becomes the ``origin=`` partition of the table)."""
+    return _check(
+        "origin",
+        value,
+        ORIGIN,
+        "use letters, digits, '_', '.', ':', '@', '-' (no '/')",
+    )
+
+
+def job_type(value: object) -> str:
+    """Validate a job type (one path segment)."""
+    return _check("job type", value, SEGMENT, "use letters, digits, '_', '-', '.'")
+
+
+# --- time -------------------------------------------------------------------
+
+
+def utcnow() -> datetime:
+    """Timezone-aware now in UTC; every timestamp the lake stores is UTC."""
+    return datetime.now(UTC)
+
+
+def path_timestamp(ts: datetime | None = None) -> str:
+    """A sortable, path-safe timestamp: ``20261122T101112123456Z``."""
+    ts = (ts or utcnow()).astimezone(UTC)
+    return ts.strftime("%Y%m%dT%H%M%S%fZ")
+
+
+# --- catalog paths ----------------------------------------------------------
+
+CATALOG_INDEX: Final = "index.json"
+CATALOG_CONFIG: Final = "config.yml"
+VERSIONS: Final = "versions"
+
+
+def catalog_version(filename: str, ts: datetime | None = None) -> str:
+    """``versions/YYYY/MM/{timestamp}/{filename}`` of the catalog."""
+    ts = ts or utcnow()
+    return f"{VERSIONS}/{ts:%Y}/{ts:%m}/{path_timestamp(ts)}/{filename}"
+
+
+# --- dataset paths ----------------------------------------------------------
+
+CONFIG: Final = "config.yml"
+INDEX: Final = "index.json"
+LOCK: Final = ".LOCK"
+ARCHIVE: Final = "archive"
+BLOB: Final = "data"
+STATEMENTS_TABLE: Final = "entities/statements"
+TRANSLOG_TABLE: Final = "entities/translog"
+ENTITIES_JSON: Final = "entities.ftm.json"
+MAPPINGS: Final = "mappings"
+EXPORTS: Final = "exports"
+STATEMENTS_CSV: Final = "exports/statements.csv"
+STATISTICS_JSON: Final = "exports/statistics.json"
+GRAPH_CYPHER: Final = "exports/graph.cypher"
+LOCKS: Final = "locks"
+TAGS: Final = "tags"
+QUEUE: Final = "queue"
+JOB_RUNS: Final = "jobs/runs"
+
+
+def dataset_path(dataset: str, *parts: str) -> str:
+    """Join a (validated) dataset name with layout parts into a lake path."""
+    return "/".join((dataset_name(dataset), *parts))
+
+
+def archive_dir(dataset: str, sha256: str) -> str:
+    """``{dataset}/archive/{ch[0:2]}/{ch[2:4]}/{ch[4:6]}/{checksum}``."""
+    ch = checksum(sha256)
+    return dataset_path(dataset, ARCHIVE, ch[0:2], ch[2:4], ch[4:6], ch)
+
+
+def archive_blob(dataset: str, sha256: str) -> str:
+    """Path of the raw content, stored once per checksum."""
+    return f"{archive_dir(dataset, sha256)}/{BLOB}"
+
+
+def archive_meta(dataset: str, sha256: str, fid: str) -> str:
+    """Path of one file's metadata (one per source path)."""
+    return f"{archive_dir(dataset, sha256)}/{file_id(fid)}.json"
+
+
+def archive_text(dataset: str, sha256: str, engine_origin: str) -> str:
+    """Path of text extracted from a file by one engine."""
+    return f"{archive_dir(dataset, sha256)}/{origin(engine_origin)}.txt"
+
+
+def mapping_config(dataset: str, content_hash: str) -> str:
+    return dataset_path(dataset, MAPPINGS, checksum(content_hash), "mapping.yml")
+
+
+def mapping_version(dataset: str, content_hash: str, ts: datetime | None = None) -> str:
+    return dataset_path(
+        dataset, MAPPINGS, checksum(content_hash), "versions", f"{path_timestamp(ts)}.yml"
+    )
+
+
+def dataset_version(dataset: str, filename: str, ts: datetime | None = None) -> str:
+    """``{dataset}/versions/YYYY/MM/{timestamp}/{filename}``."""
+    ts = ts or utcnow()
+    name = file_id(filename)
+    return dataset_path(
+        dataset, VERSIONS, f"{ts:%Y}", f"{ts:%m}", path_timestamp(ts), name
+    )
+
+
+def lock_path(dataset: str, tenant: str, operation: str) -> str:
+    """``{dataset}/locks/{tenant}/{operation}`` — one lock per operation."""
+    return dataset_path(dataset, LOCKS, tenant_name(tenant), job_type(operation))
+
+
+def tag_path(dataset: str, tenant: str, key: str) -> str:
+    """``{dataset}/tags/{tenant}/{key}``; tenants are namespaced."""
+    return dataset_path(dataset, TAGS, tenant_name(tenant), tag_key(key))
+
+
+def tags_prefix(dataset: str, tenant: str) -> str:
+    return dataset_path(dataset, TAGS, tenant_name(tenant)) + "/"
+
+
+def job_run_path(dataset: str, kind: str, ts: datetime | None = None) -> str:
+    """``{dataset}/jobs/runs/{job_type}/{timestamp}.json``."""
+    return dataset_path(dataset, JOB_RUNS, job_type(kind), f"{path_timestamp(ts)}.json")
+
+
+def queue_item(dataset: str, tenant: str, item_id: str) -> str:
+    return dataset_path(dataset, QUEUE, tenant_name(tenant), f"{file_id(item_id)}.json")
+
+
+# --- tags -------------------------------------------------------------------
+# The core tags of the specification, set by the operations that own them.
+
+JOURNAL_LAST_UPDATED: Final = "journal/last_updated"
+JOURNAL_LAST_FLUSHED: Final = "journal/last_flushed"
+STATEMENTS_LAST_UPDATED: Final = "statements/last_updated"
+STATEMENTS_OPTIMIZED: Final = "statements/store_optimized"
+ARCHIVE_LAST_UPDATED: Final = "archive/last_updated"
+EXPORTS_STATEMENTS: Final = "exports/statements"
+EXPORTS_ENTITIES: Final = "exports/entities_json"
+EXPORTS_STATISTICS: Final = "exports/statistics"
+EXPORTS_INDEX: Final = "exports/index"
+CRAWL_LAST_RUN: Final = "operations/crawl/last_run"
+
+
+def mapping_processed_tag(content_hash: str) -> str:
+    """``mappings/{hash}/last_processed``."""
+    return f"mappings/{checksum(content_hash)}/last_processed"

@@ -1,0 +1,317 @@
+"""The journal: a durable SQL buffer of statement writes and tombstones.
+
+Every tenant write lands here first; ``flush`` later moves it into the Delta
+tables. The journal is append-only: a write is a row, a delete is a row with
+``deleted_at`` set (a tombstone), and ``seq`` keeps insert order so that the
+last event for a statement wins when it is flushed.
+
+SQLite (a file, WAL mode, ``synchronous=FULL``) is the embedded default;
+PostgreSQL is used when the URL says so. One table serves all datasets of a
+lake (``dataset`` column), indexed by ``(dataset, bucket)`` so that flush can
+read a bounded slice of entities at a time.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from followthemoney.statement import Statement
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Engine,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    delete,
+    event,
+    func,
+    select,
+)
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import OperationalError
+
+from lakehouse_assets import conventions as cv
+
+#: Statements are spread over this many buckets by canonical id; flush reads
+#: whole buckets, so an entity's statements always arrive in the same batch.
+BUCKETS = 256
+
+metadata = MetaData()
+
+journal_table = Table(
+    "lakehouse_journal",
+    metadata,
+    Column("seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("dataset", String(128), nullable=False),
+    Column("bucket", Integer, nullable=False),
+    Column("origin", String(255), nullable=False),
+    Column("canonical_id", String(1024), nullable=False),
+    Column("entity_id", String(1024), nullable=False),
+    Column("id", String(64), nullable=False),
+    Column("prop", String(255), nullable=False),
+    Column("prop_type", String(64), nullable=False),
+    Column("schema", String(255), nullable=False),
+    Column("value", Text, nullable=False),
+    Column("lang", String(16)),
+    Column("original_value", Text),
+    Column("external", Boolean, nullable=False, default=False),
+    Column("first_seen", String(32)),
+    Column("last_seen", String(32)),
+    Column("deleted_at", String(32)),
+    Index("ix_lakehouse_journal_dataset_bucket", "dataset", "bucket"),
+)
+
+#: Column order of the tuples written and read by the journal.
+COLUMNS: tuple[str, ...] = tuple(c.name for c in journal_table.columns if c.name != "seq")
+
+Row = tuple[Any, ...]
+
+
+def bucket_of(canonical_id: str) -> int:
+    """The flush bucket of an entity (stable across processes and hosts)."""
+    return zlib.crc32(canonical_id.encode("utf-8")) % BUCKETS
+
+
+def statement_row(
+    stmt: Statement, dataset: str, origin: str, deleted_at: str | None = None
+) -> Row:
+    """A journal row for a statement (origin is required in the journal)."""
+    return (
+        dataset,
+        bucket_of(stmt.canonical_id),
+        stmt.origin or origin,
+        stmt.canonical_id,
+        stmt.entity_id,
+        stmt.id,
+        stmt.prop,
+        stmt.prop_type,
+        stmt.schema,
+        stmt.value,
+        stmt.lang,
+        stmt.original_value,
+        bool(stmt.external),
+        stmt.first_seen,
+        stmt.last_seen,
+        deleted_at,
+    )
+
+
+def row_statement(row: Sequence[Any]) -> Statement:
+    """Back from a journal row (in ``COLUMNS`` order) to a ``Statement``."""
+    data = dict(zip(COLUMNS, row, strict=False))
+    return Statement(
+        id=data["id"],
+        entity_id=data["entity_id"],
+        canonical_id=data["canonical_id"],
+        prop=data["prop"],
+        schema=data["schema"],
+        value=data["value"],
+        dataset=data["dataset"],
+        lang=data["lang"],
+        original_value=data["original_value"],
+        external=bool(data["external"]),
+        first_seen=data["first_seen"],
+        last_seen=data["last_seen"],
+        origin=data["origin"],
+    )
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    # FULL: a committed bulk survives power loss, not only a process crash.
+    # One commit per bulk makes the extra fsync negligible.
+    cur.execute("PRAGMA synchronous=FULL")
+    cur.execute("PRAGMA busy_timeout=300000")
+    cur.close()
+
+
+class Journal:
+    """The SQL buffer of one lake (all datasets, one table)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        if url.startswith("postgresql://"):
+            url = "postgresql+psycopg2://" + url.removeprefix("postgresql://")
+        if url == "sqlite://" or url.endswith(":memory:"):
+            raise ValueError(
+                "An in-memory journal loses acknowledged writes between processes; "
+                "use a SQLite file or PostgreSQL."
+            )
+        kwargs: dict[str, Any] = {"hide_parameters": True}
+        if url.startswith("sqlite"):
+            kwargs["connect_args"] = {"timeout": 300}
+        self.engine: Engine = create_engine(url, **kwargs)
+        self.dialect = self.engine.dialect.name
+        if self.dialect == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._create()
+
+    def _create(self) -> None:
+        # Several processes may race to create the table; losing is fine.
+        for attempt in range(5):
+            try:
+                metadata.create_all(self.engine, checkfirst=True)
+                return
+            except OperationalError:
+                if attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+            except Exception as exc:  # PostgreSQL: duplicate type/relation
+                if "already exists" not in str(exc) or attempt == 4:
+                    raise
+                time.sleep(0.1)
+
+    # --- writing --------------------------------------------------------
+
+    def insert_rows(self, conn: Connection, rows: Sequence[Row]) -> None:
+        """Insert rows (``COLUMNS`` order) on an open transaction, fast."""
+        if not rows:
+            return
+        if self.dialect == "sqlite":
+            cols = ", ".join(f'"{c}"' for c in COLUMNS)
+            marks = ", ".join("?" for _ in COLUMNS)
+            conn.exec_driver_sql(
+                f"INSERT INTO {journal_table.name} ({cols}) VALUES ({marks})", list(rows)
+            )
+        elif self.dialect == "postgresql":
+            from psycopg2.extras import execute_values
+
+            cols = ", ".join(f'"{c}"' for c in COLUMNS)
+            dbapi = conn.connection.dbapi_connection
+            assert dbapi is not None
+            with dbapi.cursor() as cur:
+                execute_values(
+                    cur,
+                    f"INSERT INTO {journal_table.name} ({cols}) VALUES %s",
+                    rows,
+                    page_size=5000,
+                )
+        else:
+            conn.execute(journal_table.insert(), [dict(zip(COLUMNS, r, strict=True)) for r in rows])
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """One transaction: committed on success, rolled back on any error."""
+        with self.engine.begin() as conn:
+            yield conn
+
+    def write(self, rows: Iterable[Row], batch_size: int = 10_000) -> int:
+        """Insert rows in one transaction; returns how many were written."""
+        count = 0
+        with self.transaction() as conn:
+            batch: list[Row] = []
+            for row in rows:
+                batch.append(row)
+                if len(batch) >= batch_size:
+                    self.insert_rows(conn, batch)
+                    count += len(batch)
+                    batch = []
+            self.insert_rows(conn, batch)
+            count += len(batch)
+        return count
+
+    # --- reading --------------------------------------------------------
+
+    def count(self, dataset: str | None = None) -> int:
+        q = select(func.count()).select_from(journal_table)
+        if dataset is not None:
+            q = q.where(journal_table.c.dataset == dataset)
+        with self.engine.connect() as conn:
+            return int(conn.execute(q).scalar() or 0)
+
+    def datasets(self) -> list[str]:
+        """Datasets with rows waiting to be flushed."""
+        q = select(journal_table.c.dataset).distinct()
+        with self.engine.connect() as conn:
+            return sorted(r[0] for r in conn.execute(q))
+
+    def entity_rows(self, dataset: str, entity_id: str) -> list[Row]:
+        """All journal rows about one entity (by entity or canonical id), in order."""
+        t = journal_table
+        cols = [t.c[c] for c in COLUMNS]
+        q = (
+            select(t.c.seq, *cols)
+            .where(t.c.dataset == dataset)
+            .where((t.c.entity_id == entity_id) | (t.c.canonical_id == entity_id))
+            .order_by(t.c.seq)
+        )
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(q)]
+
+    def live_entity_statements(self, dataset: str, entity_id: str) -> list[Statement]:
+        """Statements of an entity whose last journal event is not a tombstone."""
+        latest: dict[tuple[str, str], Row] = {}
+        for row in self.entity_rows(dataset, entity_id):
+            data = row[1:]
+            latest[(data[COLUMNS.index("id")], data[COLUMNS.index("origin")])] = data
+        deleted = COLUMNS.index("deleted_at")
+        return [row_statement(r) for r in latest.values() if r[deleted] is None]
+
+    def max_seq(self, dataset: str) -> int | None:
+        q = select(func.max(journal_table.c.seq)).where(journal_table.c.dataset == dataset)
+        with self.engine.connect() as conn:
+            value = conn.execute(q).scalar()
+            return int(value) if value is not None else None
+
+    def buckets(self, dataset: str, max_seq: int) -> list[tuple[int, int]]:
+        """(bucket, row count) of a dataset's rows up to ``max_seq``."""
+        t = journal_table
+        q = (
+            select(t.c.bucket, func.count())
+            .where(t.c.dataset == dataset, t.c.seq <= max_seq)
+            .group_by(t.c.bucket)
+            .order_by(t.c.bucket)
+        )
+        with self.engine.connect() as conn:
+            return [(int(b), int(n)) for b, n in conn.execute(q)]
+
+    def read_buckets(
+        self, dataset: str, buckets: Sequence[int], max_seq: int
+    ) -> Iterator[tuple[Any, ...]]:
+        """Rows ``(seq, *COLUMNS)`` of some buckets, in (bucket, origin, canonical_id, seq) order."""
+        t = journal_table
+        q = (
+            select(t.c.seq, *[t.c[c] for c in COLUMNS])
+            .where(t.c.dataset == dataset, t.c.seq <= max_seq, t.c.bucket.in_(list(buckets)))
+            .order_by(t.c.bucket, t.c.origin, t.c.canonical_id, t.c.seq)
+        )
+        with self.engine.connect() as conn:
+            result = conn.execution_options(stream_results=True, yield_per=20_000).execute(q)
+            for row in result:
+                yield tuple(row)
+
+    # --- clearing -------------------------------------------------------
+
+    def clear(self, dataset: str, buckets: Sequence[int] | None = None, max_seq: int | None = None) -> int:
+        """Remove flushed rows (only after they are safely committed elsewhere)."""
+        t = journal_table
+        q = delete(t).where(t.c.dataset == dataset)
+        if max_seq is not None:
+            q = q.where(t.c.seq <= max_seq)
+        if buckets is not None:
+            q = q.where(t.c.bucket.in_(list(buckets)))
+        with self.engine.begin() as conn:
+            return int(conn.execute(q).rowcount or 0)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def iso(ts: datetime) -> str:
+    """Statement timestamps as followthemoney writes them (seconds, UTC)."""
+    return ts.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+__all__ = ["BUCKETS", "COLUMNS", "Journal", "bucket_of", "cv", "iso", "row_statement", "statement_row"]

@@ -1,0 +1,366 @@
+"""The tenant-facing API: a ``Lakehouse`` of ``Dataset`` objects.
+
+This is the one public module the CLI and the Dagster assets use. Tenants
+archive files and write entities/statements; they never see the side effects
+(tags, journal bookkeeping) their writes trigger.
+
+Example:
+    >>> lake = Lakehouse("./lake")
+    >>> ds = lake.create_dataset("my_dataset", title="My dataset")
+    >>> with ds.bulk(origin="import") as bulk:
+    ...     bulk.add_entity({"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}})
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from functools import cached_property
+from types import TracebackType
+from typing import IO, Any
+
+import yaml
+from followthemoney import model
+from followthemoney.dataset.dataset import DatasetModel
+from followthemoney.proxy import EntityProxy
+from followthemoney.statement import Statement
+from sqlalchemy.engine import Connection, RootTransaction
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets.archive import Archive, FileMeta
+from lakehouse_assets.entities import entity_statements, make_statement, validate_entity
+from lakehouse_assets.errors import DatasetNotFoundError, InvalidInputError, SourceNotFoundError
+from lakehouse_assets.ingest import convert_lines
+from lakehouse_assets.jobs import JobRecorder, record_job
+from lakehouse_assets.journal import Journal, Row, iso, statement_row
+from lakehouse_assets.locks import Lock, dataset_lock, operation_lock
+from lakehouse_assets.settings import Settings
+from lakehouse_assets.storage import Store, open_store
+from lakehouse_assets.tags import Tags
+
+from contextlib import AbstractContextManager
+
+
+class Lakehouse:
+    """A lake at a URI (local folder or ``s3://``) with its journal."""
+
+    def __init__(
+        self,
+        uri: str | None = None,
+        *,
+        settings: Settings | None = None,
+        journal_url: str | None = None,
+        tenant: str | None = None,
+    ) -> None:
+        updates: dict[str, Any] = {}
+        if uri is not None:
+            updates["lake_uri"] = str(uri)
+        if journal_url is not None:
+            updates["journal_url"] = journal_url
+        if tenant is not None:
+            updates["tenant"] = tenant
+        base = settings or Settings()
+        self.settings = base.model_copy(update=updates)
+        self.tenant = cv.tenant_name(self.settings.tenant)
+        self.store: Store = open_store(self.settings)
+
+    @cached_property
+    def journal(self) -> Journal:
+        """The SQL buffer, connected on first use."""
+        return Journal(self.settings.resolved_journal_url())
+
+    # --- catalog --------------------------------------------------------
+
+    def datasets(self) -> list[str]:
+        """Names of the datasets in this lake (folders with a config.yml)."""
+        names = []
+        for name in self.store.list_dirs(""):
+            if cv.DATASET_NAME.fullmatch(name) and self.store.exists(
+                cv.dataset_path(name, cv.CONFIG)
+            ):
+                names.append(name)
+        return names
+
+    def create_dataset(self, name: str, *, title: str | None = None, **fields: Any) -> Dataset:
+        """Create a dataset (idempotent: an existing config is updated)."""
+        name = cv.dataset_name(name)
+        path = cv.dataset_path(name, cv.CONFIG)
+        current: dict[str, Any] = {}
+        if self.store.exists(path):
+            current = yaml.safe_load(self.store.read_text(path)) or {}
+        current.update({k: v for k, v in fields.items() if v is not None})
+        current["name"] = name
+        current["title"] = title or current.get("title") or name
+        config = DatasetModel.model_validate(current)
+        self.store.write_text(
+            path, yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
+        )
+        self.write_catalog()
+        return Dataset(self, name)
+
+    def dataset(self, name: str) -> Dataset:
+        """An existing dataset; ``DatasetNotFoundError`` if it was never created."""
+        name = cv.dataset_name(name)
+        if not self.store.exists(cv.dataset_path(name, cv.CONFIG)):
+            raise DatasetNotFoundError(
+                f"Dataset {name!r} does not exist in lake {self.store.uri}; "
+                f"create it with `lakehouse datasets create {name}`"
+            )
+        return Dataset(self, name)
+
+    def write_catalog(self) -> None:
+        """Rewrite the catalog ``index.json`` (and ``config.yml`` if missing)."""
+        entries = []
+        for name in self.datasets():
+            cfg = yaml.safe_load(self.store.read_text(cv.dataset_path(name, cv.CONFIG))) or {}
+            entries.append({"name": name, "title": cfg.get("title", name)})
+        index = {"datasets": entries, "updated_at": cv.utcnow().isoformat()}
+        self.store.write_text(cv.CATALOG_INDEX, json.dumps(index, indent=2))
+        if not self.store.exists(cv.CATALOG_CONFIG):
+            self.store.write_text(cv.CATALOG_CONFIG, yaml.safe_dump({"name": "catalog"}))
+
+
+class Dataset:
+    """One dataset of a lake: archive, journal writes, tags, locks, job runs."""
+
+    def __init__(self, lake: Lakehouse, name: str) -> None:
+        self.lake = lake
+        self.name = cv.dataset_name(name)
+        self.store = lake.store
+        self.settings = lake.settings
+
+    def __repr__(self) -> str:
+        return f"<Dataset {self.name} in {self.store.uri}>"
+
+    # --- parts ----------------------------------------------------------
+
+    @cached_property
+    def archive(self) -> Archive:
+        return Archive(self.store, self.name, self.settings)
+
+    @property
+    def journal(self) -> Journal:
+        return self.lake.journal
+
+    def tags(self, tenant: str | None = None) -> Tags:
+        """Tags of a tenant (default: the lakehouse's own core tags)."""
+        return Tags(self.store, self.name, tenant or cv.LAKEHOUSE_TENANT)
+
+    @property
+    def core_tags(self) -> Tags:
+        return self.tags(cv.LAKEHOUSE_TENANT)
+
+    def config(self) -> DatasetModel:
+        raw = yaml.safe_load(self.store.read_text(cv.dataset_path(self.name, cv.CONFIG))) or {}
+        return DatasetModel.model_validate(raw)
+
+    def lock(self) -> Lock:
+        """The dataset-wide ``.LOCK``."""
+        return dataset_lock(self.store, self.name, self.lake.tenant, self.settings.lock_ttl_seconds)
+
+    def operation_lock(self, operation: str) -> Lock:
+        return operation_lock(
+            self.store, self.name, self.lake.tenant, operation, self.settings.lock_ttl_seconds
+        )
+
+    def job(self, job_type: str) -> AbstractContextManager[JobRecorder]:
+        """Record a run of ``job_type`` under ``jobs/runs/``."""
+        return record_job(self.store, self.name, job_type, self.lake.tenant)
+
+    # --- archive --------------------------------------------------------
+
+    def add_file(
+        self,
+        uri: str,
+        *,
+        checksum: str | None = None,
+        create_document: bool = False,
+        **kwargs: Any,
+    ) -> FileMeta:
+        """Archive a file; optionally write its Document entity to the journal."""
+        meta = self.archive.put(uri, checksum=checksum, **kwargs)
+        self.core_tags.touch(cv.ARCHIVE_LAST_UPDATED)
+        if create_document:
+            self.add_entity(document_entity(meta), origin="archive")
+        return meta
+
+    # --- entities and statements ---------------------------------------
+
+    def bulk(self, origin: str = cv.DEFAULT_ORIGIN) -> BulkWriter:
+        """A bulk writer: everything commits at once on exit, or nothing."""
+        return BulkWriter(self, origin)
+
+    def add_entity(self, entity: EntityProxy | dict[str, Any], origin: str = cv.DEFAULT_ORIGIN) -> int:
+        """Validate an entity and write its statements; returns their number."""
+        with self.bulk(origin) as bulk:
+            return bulk.add_entity(entity)
+
+    def write_entities(
+        self,
+        lines: IO[bytes] | Iterable[bytes],
+        *,
+        origin: str = cv.DEFAULT_ORIGIN,
+        source: str | None = None,
+        progress: Callable[[int], None] | None = None,
+        workers: int | None = None,
+    ) -> BulkWriter:
+        """Bulk-write FtM JSON lines (validated in parallel); all or nothing.
+
+        ``progress`` is called with the number of input lines of each chunk.
+        Returns the finished writer (``.entities`` and ``.count`` statements).
+        """
+        with self.bulk(origin) as bulk:
+            for result in convert_lines(
+                lines,
+                dataset=self.name,
+                origin=bulk.origin,
+                source=source,
+                seen=bulk.seen,
+                workers=workers,
+            ):
+                bulk.add_rows(result.rows, entities=result.entities)
+                if progress is not None:
+                    progress(result.lines)
+        return bulk
+
+    def add_statements(self, statements: Iterable[Statement], origin: str = cv.DEFAULT_ORIGIN) -> int:
+        with self.bulk(origin) as bulk:
+            for stmt in statements:
+                bulk.add_statement(stmt)
+            return bulk.count
+
+    def stored_statements(self, entity_id: str) -> list[Statement]:
+        """Live statements of an entity in the journal (and, once flushed, the table)."""
+        return self.journal.live_entity_statements(self.name, entity_id)
+
+    def delete_entity(self, entity_id: str, origin: str | None = None) -> int:
+        """Tombstone every statement of an entity; returns how many."""
+        stmts = [
+            s for s in self.stored_statements(entity_id) if origin is None or s.origin == origin
+        ]
+        if not stmts:
+            return 0
+        now = iso(cv.utcnow())
+        rows = [statement_row(s, self.name, s.origin or cv.DEFAULT_ORIGIN, deleted_at=now) for s in stmts]
+        self.journal.write(rows)
+        self.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
+        return len(rows)
+
+    def delete_statement(self, stmt: Statement, origin: str | None = None) -> None:
+        """Tombstone a single statement."""
+        origin = cv.origin(stmt.origin or origin or cv.DEFAULT_ORIGIN)
+        row = statement_row(stmt, self.name, origin, deleted_at=iso(cv.utcnow()))
+        self.journal.write([row])
+        self.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
+
+
+class BulkWriter:
+    """Writes many entities/statements to the journal in one transaction.
+
+    Rows are inserted in batches as they come (bounded memory) on a single
+    open transaction, committed once on exit; any exception rolls back the
+    whole bulk, so a bad line 900,000 leaves the journal as it was.
+    """
+
+    def __init__(self, dataset: Dataset, origin: str) -> None:
+        self.dataset = dataset
+        self.origin = cv.origin(origin)
+        self.journal = dataset.journal
+        self.batch_size = dataset.settings.journal_batch_size
+        self.seen = iso(cv.utcnow())
+        self.count = 0
+        self.entities = 0
+        self._rows: list[Row] = []
+        self._conn: Connection | None = None
+        self._tx: RootTransaction | None = None
+
+    def __enter__(self) -> BulkWriter:
+        return self
+
+    def _flush_batch(self) -> None:
+        if not self._rows:
+            return
+        if self._conn is None:
+            self._conn = self.journal.engine.connect()
+            self._tx = self._conn.begin()
+        self.journal.insert_rows(self._conn, self._rows)
+        self._rows = []
+
+    def add_entity(self, entity: EntityProxy | dict[str, Any]) -> int:
+        proxy = validate_entity(entity, dataset=self.dataset.name)
+        name, origin = self.dataset.name, self.origin
+        stmts = entity_statements(proxy, dataset=name, origin=origin, seen=self.seen)
+        self._rows.extend(statement_row(s, name, origin) for s in stmts)
+        self.count += len(stmts)
+        self.entities += 1
+        if len(self._rows) >= self.batch_size:
+            self._flush_batch()
+        return len(stmts)
+
+    def add_rows(self, rows: list[Row], entities: int = 0) -> None:
+        """Add journal rows made by :mod:`ingest` (already validated)."""
+        self._rows.extend(rows)
+        self.count += len(rows)
+        self.entities += entities
+        if len(self._rows) >= self.batch_size:
+            self._flush_batch()
+
+    def add_statement(self, stmt: Statement | dict[str, Any]) -> None:
+        if isinstance(stmt, dict):
+            stmt = make_statement(stmt, dataset=self.dataset.name, origin=self.origin)
+        elif model.get(stmt.schema) is None:
+            raise InvalidInputError(f"unknown schema {stmt.schema!r}", dataset=self.dataset.name)
+        if stmt.first_seen is None:
+            stmt = stmt.clone(first_seen=self.seen, last_seen=self.seen)
+        self._rows.append(statement_row(stmt, self.dataset.name, self.origin))
+        self.count += 1
+        if len(self._rows) >= self.batch_size:
+            self._flush_batch()
+
+    def rollback(self) -> None:
+        self._rows = []
+        if self._tx is not None:
+            self._tx.rollback()
+        self._close()
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+        self._tx = None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.rollback()
+            return
+        try:
+            self._flush_batch()
+            if self._tx is not None:
+                self._tx.commit()
+        except BaseException:
+            self.rollback()
+            raise
+        self._close()
+        if self.count:
+            self.dataset.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
+
+
+def document_entity(meta: FileMeta) -> EntityProxy:
+    """The FtM Document entity of an archived file (id: its checksum)."""
+    proxy = model.make_entity("Document")
+    proxy.id = meta.checksum
+    proxy.add("contentHash", meta.checksum)
+    proxy.add("fileName", meta.name)
+    proxy.add("mimeType", meta.mimetype)
+    proxy.add("fileSize", meta.size)
+    if "://" in meta.key:
+        proxy.add("sourceUrl", meta.key, quiet=True)
+    return proxy
+
+
+__all__ = ["BulkWriter", "Dataset", "Lakehouse", "SourceNotFoundError", "document_entity"]

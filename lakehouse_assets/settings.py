@@ -1,0 +1,82 @@
+"""Configuration from the environment (``LAKEHOUSE_*``) or keyword arguments.
+
+Every field has a working default for the embedded setup: a lake folder in the
+working directory, a SQLite journal inside it, and Spark on ``local[*]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Lakehouse settings; each may be set as ``LAKEHOUSE_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="LAKEHOUSE_", extra="ignore")
+
+    lake_uri: str = Field(
+        default="./lake",
+        description="Where the lake lives: a local folder or s3://bucket/prefix.",
+    )
+    journal_url: str | None = Field(
+        default=None,
+        description=(
+            "SQLAlchemy URL of the journal. Default: a SQLite file "
+            "'journal.sqlite' at the root of a local lake, or in "
+            "~/.cache/lakehouse/ for an s3:// lake. postgresql://... for a server."
+        ),
+    )
+    tenant: str = Field(
+        default="lakehouse",
+        description="The tenant this process acts as (namespaces its tags and locks).",
+    )
+    # --- object storage (s3:// lakes and sources) ---
+    s3_endpoint_url: str | None = Field(
+        default=None, description="S3 endpoint (MinIO, moto, ...); AWS when unset."
+    )
+    s3_access_key_id: str | None = Field(default=None, description="S3 access key.")
+    s3_secret_access_key: str | None = Field(default=None, description="S3 secret.")
+    s3_region: str = Field(default="us-east-1", description="S3 region.")
+    # --- locks ---
+    lock_ttl_seconds: int = Field(
+        default=6 * 3600,
+        description="A lock older than this is stale even if its owner can't be checked.",
+    )
+    # --- http sources ---
+    http_timeout_seconds: float = Field(
+        default=30.0, description="Connect/read timeout for http(s) sources."
+    )
+    # --- journal ---
+    journal_batch_size: int = Field(
+        default=10_000, description="Rows per INSERT batch when writing to the journal."
+    )
+    # --- spark ---
+    spark_master: str = Field(
+        default="local[*]",
+        description="Spark master URL: local[*] (embedded) or spark://host:7077, ...",
+    )
+    spark_driver_memory: str = Field(default="4g", description="spark.driver.memory.")
+    spark_shuffle_partitions: int = Field(
+        default=8, description="spark.sql.shuffle.partitions (small is right for 2 cores)."
+    )
+    spark_ui_enabled: bool = Field(default=False, description="Serve Spark's web UI.")
+
+    def resolved_journal_url(self) -> str:
+        """The journal URL, defaulting to a durable SQLite file."""
+        if self.journal_url:
+            return self.journal_url
+        if self.is_s3:
+            digest = hashlib.sha1(self.lake_uri.encode()).hexdigest()[:16]
+            folder = Path.home() / ".cache" / "lakehouse" / digest
+        else:
+            folder = Path(self.lake_uri.removeprefix("file://")).expanduser()
+        folder.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{(folder / 'journal.sqlite').resolve()}"
+
+    @property
+    def is_s3(self) -> bool:
+        return self.lake_uri.startswith("s3://")

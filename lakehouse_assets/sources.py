@@ -1,0 +1,83 @@
+"""Open a source URI for streaming: local path, ``file://``, ``s3://``, ``http(s)://``.
+
+Errors distinguish a source that does not exist (fix the input) from one that
+cannot be reached right now (retry may help).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+from urllib.parse import unquote, urlparse
+
+from lakehouse_assets.errors import SourceNotFoundError, SourceUnreachableError
+from lakehouse_assets.settings import Settings
+from lakehouse_assets.storage import s3_client, split_s3_uri
+
+CHUNK = 1024 * 1024
+
+
+def source_name(uri: str) -> str:
+    """The file name part of a source URI or path."""
+    parsed = urlparse(uri)
+    path = parsed.path if parsed.scheme else uri
+    return Path(unquote(path)).name or parsed.netloc or uri
+
+
+def local_path(uri: str) -> Path | None:
+    """The local path of a plain path or ``file://`` URI, else None."""
+    if uri.startswith("file://"):
+        return Path(unquote(urlparse(uri).path))
+    if "://" in uri:
+        return None
+    return Path(uri).expanduser()
+
+
+@contextmanager
+def open_source(uri: str, settings: Settings) -> Iterator[IO[bytes]]:
+    """A binary stream of a source's content."""
+    path = local_path(uri)
+    if path is not None:
+        if not path.is_file():
+            raise SourceNotFoundError(f"Source file not found: {uri}")
+        with path.open("rb") as fh:
+            yield fh
+        return
+    scheme = urlparse(uri).scheme
+    if scheme == "s3":
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, key = split_s3_uri(uri)
+        try:
+            obj = s3_client(settings).get_object(Bucket=bucket, Key=key)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("NoSuchKey", "404", "NoSuchBucket"):
+                raise SourceNotFoundError(f"Source not found: {uri}") from exc
+            raise SourceUnreachableError(f"Cannot read {uri}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise SourceUnreachableError(f"Cannot reach {uri}: {exc}") from exc
+        body = obj["Body"]
+        try:
+            yield body
+        finally:
+            body.close()
+        return
+    if scheme in ("http", "https"):
+        import requests
+
+        try:
+            resp = requests.get(uri, stream=True, timeout=settings.http_timeout_seconds)
+        except requests.RequestException as exc:
+            raise SourceUnreachableError(f"Cannot reach {uri}: {exc}") from exc
+        with resp:
+            if resp.status_code == 404:
+                raise SourceNotFoundError(f"Source not found (HTTP 404): {uri}")
+            if resp.status_code >= 400:
+                raise SourceUnreachableError(f"HTTP {resp.status_code} for {uri}")
+            resp.raw.decode_content = True
+            yield resp.raw
+        return
+    raise SourceNotFoundError(f"Unsupported source URI scheme {scheme!r}: {uri}")

@@ -1,0 +1,352 @@
+"""One store per lake URI: a local folder or an ``s3://bucket/prefix``.
+
+The store speaks lake-relative paths (built by :mod:`conventions`) and hides
+the difference between a file system and an object store. Two guarantees
+matter to everything above it:
+
+* ``write_bytes`` is atomic: a reader sees the old content or the new, never
+  half a file (temp file + rename locally; a single PUT on S3).
+* ``put_if_absent`` creates a key only if it does not exist yet (hard link
+  locally, ``If-None-Match: *`` on S3), the primitive behind locks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from lakehouse_assets.errors import (
+    ConfigurationError,
+    InvalidNameError,
+    SourceNotFoundError,
+)
+from lakehouse_assets.settings import Settings
+
+
+def _clean(path: str) -> str:
+    """Refuse any path that could leave the lake, whatever built it."""
+    if "\x00" in path or path.startswith("/") or "\\" in path:
+        raise InvalidNameError(f"Unsafe lake path {path!r}")
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts if p != parts[-1] or p != ""):
+        # allow a trailing slash (prefixes) but no empty/dot segments inside
+        inner = parts[:-1] if parts[-1] == "" else parts
+        if any(p in ("", ".", "..") for p in inner):
+            raise InvalidNameError(f"Unsafe lake path {path!r}")
+    return path
+
+
+class Store(ABC):
+    """Read and write lake-relative paths on one backend."""
+
+    uri: str
+
+    @abstractmethod
+    def exists(self, path: str) -> bool: ...
+
+    @abstractmethod
+    def read_bytes(self, path: str) -> bytes:
+        """Whole content; ``SourceNotFoundError`` if missing."""
+
+    @abstractmethod
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Atomic replace of the whole content."""
+
+    @abstractmethod
+    def put_if_absent(self, path: str, data: bytes) -> bool:
+        """Create ``path`` only if absent; return whether this call created it."""
+
+    @abstractmethod
+    def put_file(self, path: str, local: Path) -> None:
+        """Move/upload a finished local file to ``path`` atomically."""
+
+    @abstractmethod
+    def open_read(self, path: str) -> IO[bytes]:
+        """A binary stream of the content (constant memory)."""
+
+    @abstractmethod
+    def delete(self, path: str) -> None:
+        """Remove ``path`` if it exists."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> Iterator[str]:
+        """All paths under ``prefix`` (recursive), lake-relative, sorted."""
+
+    @abstractmethod
+    def size(self, path: str) -> int: ...
+
+    @abstractmethod
+    def full_uri(self, path: str = "") -> str:
+        """Absolute URI of a lake path, for engines (Spark, delta-rs, DuckDB)."""
+
+    @abstractmethod
+    def storage_options(self) -> dict[str, str]:
+        """Options for delta-rs / object_store to reach this lake."""
+
+    def read_text(self, path: str) -> str:
+        return self.read_bytes(path).decode("utf-8")
+
+    def write_text(self, path: str, text: str) -> None:
+        self.write_bytes(path, text.encode("utf-8"))
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        """Names of the direct children of ``prefix`` that hold anything."""
+        prefix = prefix.rstrip("/") + "/" if prefix else ""
+        names = {p[len(prefix) :].split("/", 1)[0] for p in self.list(prefix)}
+        return sorted(n for n in names if n)
+
+
+class LocalStore(Store):
+    """A lake in a local folder."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(str(root).removeprefix("file://")).expanduser().resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.uri = str(self.root)
+
+    def _path(self, path: str) -> Path:
+        return self.root / _clean(path)
+
+    def exists(self, path: str) -> bool:
+        return self._path(path).exists()
+
+    def read_bytes(self, path: str) -> bytes:
+        try:
+            return self._path(path).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise SourceNotFoundError(f"Not found in lake {self.uri}: {path}") from exc
+
+    def _tempfile(self, target: Path) -> tuple[int, str]:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        target = self._path(path)
+        fd, tmp = self._tempfile(target)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def put_if_absent(self, path: str, data: bytes) -> bool:
+        target = self._path(path)
+        fd, tmp = self._tempfile(target)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            try:
+                os.link(tmp, target)  # atomic, fails if target exists
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+
+    def put_file(self, path: str, local: Path) -> None:
+        target = self._path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(local, target)
+        except OSError:  # other device: copy next to target, then rename
+            fd, tmp = self._tempfile(target)
+            os.close(fd)
+            shutil.copyfile(local, tmp)
+            os.replace(tmp, target)
+            Path(local).unlink(missing_ok=True)
+
+    def open_read(self, path: str) -> IO[bytes]:
+        try:
+            return self._path(path).open("rb")
+        except (FileNotFoundError, IsADirectoryError) as exc:
+            raise SourceNotFoundError(f"Not found in lake {self.uri}: {path}") from exc
+
+    def delete(self, path: str) -> None:
+        self._path(path).unlink(missing_ok=True)
+
+    def list(self, prefix: str) -> Iterator[str]:
+        base = self._path(prefix.rstrip("/")) if prefix else self.root
+        if base.is_file():
+            yield prefix
+            return
+        if not base.is_dir():
+            return
+        found = []
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if name.startswith(".") and name.endswith(".tmp"):
+                    continue  # an atomic write in progress
+                full = Path(dirpath) / name
+                found.append(full.relative_to(self.root).as_posix())
+        yield from sorted(found)
+
+    def size(self, path: str) -> int:
+        try:
+            return self._path(path).stat().st_size
+        except FileNotFoundError as exc:
+            raise SourceNotFoundError(f"Not found in lake {self.uri}: {path}") from exc
+
+    def full_uri(self, path: str = "") -> str:
+        return str(self._path(path)) if path else str(self.root)
+
+    def storage_options(self) -> dict[str, str]:
+        return {}
+
+    def local_path(self, path: str) -> Path:
+        """The file-system path of a lake path (local lakes only)."""
+        return self._path(path)
+
+
+def s3_client(settings: Settings) -> Any:
+    """A boto3 S3 client configured from settings (endpoint, keys, region)."""
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError as exc:  # pragma: no cover - boto3 is a dependency
+        from lakehouse_assets.errors import MissingDependencyError
+
+        raise MissingDependencyError("s3:// needs boto3: pip install boto3") from exc
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint_url,
+        aws_access_key_id=settings.s3_access_key_id,
+        aws_secret_access_key=settings.s3_secret_access_key,
+        region_name=settings.s3_region,
+        config=Config(retries={"max_attempts": 5, "mode": "standard"}),
+    )
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` → ``("bucket", "a/b")``."""
+    rest = uri.removeprefix("s3://")
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise ConfigurationError(f"Invalid S3 URI {uri!r}: no bucket")
+    return bucket, key.strip("/")
+
+
+class S3Store(Store):
+    """A lake under ``s3://bucket/prefix`` on any S3-compatible server."""
+
+    def __init__(self, uri: str, settings: Settings) -> None:
+        self.settings = settings
+        self.bucket, self.prefix = split_s3_uri(uri)
+        self.uri = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        self.client = s3_client(settings)
+
+    def _key(self, path: str) -> str:
+        path = _clean(path)
+        return f"{self.prefix}/{path}" if self.prefix else path
+
+    def _is_missing(self, exc: Exception) -> bool:
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+        return code in ("404", "NoSuchKey", "NotFound")
+
+    def exists(self, path: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(path))
+            return True
+        except ClientError as exc:
+            if self._is_missing(exc):
+                return False
+            raise
+
+    def read_bytes(self, path: str) -> bytes:
+        with self.open_read(path) as fh:
+            return fh.read()
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(path), Body=data)
+
+    def put_if_absent(self, path: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(
+                Bucket=self.bucket, Key=self._key(path), Body=data, IfNoneMatch="*"
+            )
+            return True
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+                return False
+            raise
+
+    def put_file(self, path: str, local: Path) -> None:
+        # upload_file streams in parts; the object appears only when complete.
+        self.client.upload_file(str(local), self.bucket, self._key(path))
+        Path(local).unlink(missing_ok=True)
+
+    def open_read(self, path: str) -> IO[bytes]:
+        from botocore.exceptions import ClientError
+
+        try:
+            obj = self.client.get_object(Bucket=self.bucket, Key=self._key(path))
+        except ClientError as exc:
+            if self._is_missing(exc):
+                raise SourceNotFoundError(f"Not found in lake {self.uri}: {path}") from exc
+            raise
+        body: IO[bytes] = obj["Body"]
+        return body
+
+    def delete(self, path: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(path))
+
+    def list(self, prefix: str) -> Iterator[str]:
+        full = self._key(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+            for obj in page.get("Contents", []):
+                yield obj["Key"][strip:]
+
+    def size(self, path: str) -> int:
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(path))
+        except ClientError as exc:
+            if self._is_missing(exc):
+                raise SourceNotFoundError(f"Not found in lake {self.uri}: {path}") from exc
+            raise
+        return int(head["ContentLength"])
+
+    def full_uri(self, path: str = "") -> str:
+        return f"s3://{self.bucket}/{self._key(path)}" if path else self.uri
+
+    def storage_options(self) -> dict[str, str]:
+        opts = {"AWS_REGION": self.settings.s3_region}
+        if self.settings.s3_endpoint_url:
+            opts["AWS_ENDPOINT_URL"] = self.settings.s3_endpoint_url
+            if self.settings.s3_endpoint_url.startswith("http://"):
+                opts["AWS_ALLOW_HTTP"] = "true"
+        if self.settings.s3_access_key_id:
+            opts["AWS_ACCESS_KEY_ID"] = self.settings.s3_access_key_id
+        if self.settings.s3_secret_access_key:
+            opts["AWS_SECRET_ACCESS_KEY"] = self.settings.s3_secret_access_key
+        return opts
+
+
+def open_store(settings: Settings) -> Store:
+    """The store for ``settings.lake_uri`` (local folder or s3://)."""
+    uri = settings.lake_uri
+    if uri.startswith("s3://"):
+        return S3Store(uri, settings)
+    if "://" in uri and not uri.startswith("file://"):
+        raise ConfigurationError(
+            f"Unsupported lake URI {uri!r}: use a local folder, file:// or s3://"
+        )
+    return LocalStore(uri)

@@ -1,0 +1,169 @@
+"""Shared fixtures: a temp lake (local folder or loopback S3), journals, servers.
+
+The S3 server is a real ``moto_server`` process on 127.0.0.1 (random free
+port), started once per test session and stopped by its own PID. PostgreSQL
+tests use the server on 127.0.0.1:5432 when it answers and are skipped with
+a visible reason when it does not.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lakehouse_assets import Lakehouse, Settings
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+POSTGRES_URL = os.environ.get(
+    "LAKEHOUSE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _restore_signals() -> None:
+    # A server started from a non-interactive shell may inherit ignored
+    # SIGINT/SIGTERM; give it default handling so it can be stopped.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.setsid()
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a server and its children by PID (process group)."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A real S3-compatible server (moto) on 127.0.0.1."""
+    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which(
+        "moto_server"
+    )
+    if exe is None:
+        pytest.fail("moto_server not installed: pip install 'moto[server]'")
+    port = free_port()
+    proc = subprocess.Popen(
+        [exe, "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=_restore_signals,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        stop_process(proc)
+        pytest.fail("moto_server did not start")
+    yield endpoint
+    stop_process(proc)
+
+
+@pytest.fixture(scope="session")
+def s3_settings(s3_endpoint: str) -> Settings:
+    return Settings(
+        s3_endpoint_url=s3_endpoint,
+        s3_access_key_id="testing",
+        s3_secret_access_key="testing",
+        s3_region="us-east-1",
+    )
+
+
+def make_bucket(settings: Settings) -> str:
+    from lakehouse_assets.storage import s3_client
+
+    bucket = f"lake-{uuid.uuid4().hex[:12]}"
+    s3_client(settings).create_bucket(Bucket=bucket)
+    return bucket
+
+
+@pytest.fixture(params=["local", "s3"])
+def lake(request: pytest.FixtureRequest, tmp_path: Path) -> Lakehouse:
+    """A fresh lake on a local folder and on the loopback S3 server."""
+    journal = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    if request.param == "local":
+        return Lakehouse(tmp_path / "lake", journal_url=journal)
+    settings: Settings = request.getfixturevalue("s3_settings")
+    bucket = make_bucket(settings)
+    return Lakehouse(f"s3://{bucket}/lake", settings=settings, journal_url=journal)
+
+
+@pytest.fixture
+def local_lake(tmp_path: Path) -> Lakehouse:
+    return Lakehouse(tmp_path / "lake", journal_url=f"sqlite:///{tmp_path / 'journal.sqlite'}")
+
+
+def postgres_available() -> str | None:
+    """None if the server answers, else the reason it does not."""
+    try:
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(
+            POSTGRES_URL.replace("postgresql://", "postgresql+psycopg2://"),
+            connect_args={"connect_timeout": 3},
+        )
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+        engine.dispose()
+        return None
+    except Exception as exc:  # noqa: BLE001 - any failure means "not here"
+        return f"PostgreSQL not reachable at {POSTGRES_URL}: {type(exc).__name__}"
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    reason = postgres_available()
+    if reason:
+        pytest.skip(reason)
+    return POSTGRES_URL
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def journal_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A journal URL on a real SQLite file and on the real PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def dataset_name() -> str:
+    """A unique dataset name, so tests sharing a PostgreSQL journal never collide."""
+    return f"test_{uuid.uuid4().hex[:10]}"
+
+
+def sample_entities() -> list[dict[str, object]]:
+    import orjson
+
+    path = REPO / "lakehouse_assets" / "sample" / "entities.ftm.json"
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
