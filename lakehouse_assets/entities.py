@@ -19,7 +19,7 @@ from followthemoney import model
 from followthemoney.exc import InvalidData
 from followthemoney.proxy import EntityProxy
 from followthemoney.statement import Statement
-from followthemoney.statement.serialize import CSV_COLUMNS
+from followthemoney.statement.serialize import CSV_COLUMNS, CSVStatementWriter
 from followthemoney.statement.util import BASE_ID, get_prop_type
 from rigour.boolean import text_bool
 
@@ -209,12 +209,11 @@ def read_statements_csv(
 
 
 def write_statements_csv(fh: IO[str], statements: Iterable[Statement]) -> int:
-    """Write statements in followthemoney's CSV format; returns the count."""
-    writer = csv.writer(fh, dialect=csv.unix_dialect)
-    writer.writerow(STATEMENT_COLUMNS)
+    """Write statements with followthemoney's own CSV writer; returns the count."""
+    writer = CSVStatementWriter(fh)
     count = 0
     for stmt in statements:
-        row = stmt.to_csv_row()
-        writer.writerow([row.get(col) for col in STATEMENT_COLUMNS])
+        writer.write(stmt)
         count += 1
+    writer.close()
     return count

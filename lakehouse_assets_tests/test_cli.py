@@ -1,0 +1,198 @@
+"""The ``lakehouse`` CLI end to end, and every kind of bad input it must refuse."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from click.testing import CliRunner, Result
+
+from lakehouse_assets import Lakehouse
+from lakehouse_assets import conventions as cv
+from lakehouse_assets.cli import cli
+from lakehouse_assets.entities import STATEMENT_COLUMNS
+from lakehouse_assets_tests.conftest import REPO, free_port, sample_entities
+
+SAMPLE = REPO / "lakehouse_assets" / "sample"
+
+
+@pytest.fixture
+def run(tmp_path: Path):  # type: ignore[no-untyped-def]
+    lake_dir = tmp_path / "lake"
+    journal = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+
+    def invoke(*args: str, input: bytes | None = None) -> Result:
+        return CliRunner().invoke(
+            cli, ["--lake", str(lake_dir), "--journal-url", journal, *args], input=input
+        )
+
+    invoke.lake = Lakehouse(lake_dir, journal_url=journal)  # type: ignore[attr-defined]
+    return invoke
+
+
+def ok(result: Result) -> Result:
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_full_tenant_session(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ok(run("datasets", "create", "demo", "--title", "Demo"))
+    assert ok(run("datasets", "list")).stdout.split() == ["demo"]
+    doc = SAMPLE / "documents" / "notes.md"
+    meta = json.loads(ok(run("-d", "demo", "archive", "add", "--document", str(doc))).stdout)
+    assert meta["checksum"] == hashlib.sha256(doc.read_bytes()).hexdigest()
+    got = json.loads(ok(run("-d", "demo", "archive", "get", meta["checksum"])).stdout)
+    assert got["file_id"] == meta["file_id"]
+    assert ok(run("-d", "demo", "archive", "cat", meta["checksum"])).stdout_bytes == doc.read_bytes()
+    assert len(ok(run("-d", "demo", "archive", "ls")).stdout.splitlines()) == 1
+    res = ok(run("-d", "demo", "entities", "write", "-i", str(SAMPLE / "entities.ftm.json"), "-o", "sample"))
+    assert "wrote 13 entities" in res.stderr
+    from followthemoney import model
+    from followthemoney.statement import Statement
+
+    target = next(e for e in sample_entities() if e["id"] == "own-li-blue")
+    n = len(list(Statement.from_entity(model.get_proxy(target, cleaned=False), "demo")))
+    res = ok(run("-d", "demo", "entities", "delete", "own-li-blue"))
+    assert f"own-li-blue: {n} statements tombstoned" in res.stderr
+    tags = dict(line.split("\t") for line in ok(run("-d", "demo", "tags", "ls")).stdout.splitlines())
+    assert set(tags) == {cv.ARCHIVE_LAST_UPDATED, cv.JOURNAL_LAST_UPDATED}
+    ok(run("-d", "demo", "archive", "delete", meta["file_id"]))
+    assert ok(run("-d", "demo", "archive", "ls")).stdout == ""
+    lake: Lakehouse = run.lake
+    assert lake.journal.count("demo") > 0
+    assert json.loads(lake.store.read_text(cv.CATALOG_INDEX))["datasets"][0]["name"] == "demo"
+
+
+def test_entities_from_stdin(run) -> None:  # type: ignore[no-untyped-def]
+    ok(run("datasets", "create", "demo"))
+    data = (SAMPLE / "entities.ftm.json").read_bytes()
+    res = ok(run("-d", "demo", "entities", "write", input=data))
+    assert "wrote 13 entities" in res.stderr
+
+
+def test_statements_csv_roundtrip(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from followthemoney.statement import Statement
+
+    ok(run("datasets", "create", "demo"))
+    stmts = [
+        Statement(entity_id="p1", prop="name", schema="Person", value="Ann", dataset="demo"),
+        Statement(entity_id="p1", prop="id", schema="Person", value="p1", dataset="demo"),
+    ]
+    path = tmp_path / "s.csv"
+    from lakehouse_assets.entities import write_statements_csv
+
+    with path.open("w", newline="") as fh:
+        write_statements_csv(fh, stmts)
+    assert path.read_text().splitlines()[0] == ",".join(f'"{c}"' for c in STATEMENT_COLUMNS)
+    res = ok(run("-d", "demo", "statements", "write", "-i", str(path), "-o", "csv"))
+    assert "wrote 2 statements" in res.stderr
+    lake: Lakehouse = run.lake
+    stored = lake.journal.live_entity_statements("demo", "p1")
+    assert {s.id for s in stored} == {s.id for s in stmts}
+
+
+def bad_entities(tmp_path: Path, lines: list[bytes]) -> Path:
+    good = [orjson.dumps(e) for e in sample_entities()[:4]]
+    path = tmp_path / "in.ftm.json"
+    path.write_bytes(b"\n".join(good + lines + good))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (b'{"id": "x", "schema": "Person", "properties": {', "line 5] malformed JSON"),
+        (b'{"id": "x", "schema": "Unicorn", "properties": {}}', "line 5] entity 'x': unknown schema 'Unicorn'"),
+        (b'{"id": "x", "schema": "Person", "properties": {"wings": ["2"]}}', "line 5] entity 'x': schema Person has no property 'wings'"),
+        (b'{"schema": "Person", "properties": {"name": ["No Id"]}}', "line 5] entity has no id"),
+        (b'{"id": "x", "schema": "Thing", "properties": {}}', "line 5] entity 'x': schema 'Thing' is abstract"),
+        (b'{"id": "x", "schema": "Person", "properties": {"name": ["M\xfcller"]}}', "line 5] not UTF-8"),
+        (b'["not", "an", "object"]', "line 5] expected a JSON object"),
+    ],
+)
+def test_bad_entity_lines_commit_nothing(run, tmp_path: Path, line: bytes, message: str) -> None:  # type: ignore[no-untyped-def]
+    ok(run("datasets", "create", "demo"))
+    path = bad_entities(tmp_path, [line])
+    res = run("-d", "demo", "entities", "write", "-i", str(path))
+    assert res.exit_code == 1
+    assert f"Error: [dataset 'demo', file '{path}', {message}" in res.stderr
+    lake: Lakehouse = run.lake
+    assert lake.journal.count("demo") == 0
+    assert lake.dataset("demo").core_tags.get(cv.JOURNAL_LAST_UPDATED) is None
+
+
+def test_bad_statement_csv(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ok(run("datasets", "create", "demo"))
+    path = tmp_path / "s.csv"
+    path.write_text("entity_id,prop,schema,value\np1,name,Person,Ann\np1,wings,Person,2\n")
+    res = run("-d", "demo", "statements", "write", "-i", str(path))
+    assert res.exit_code == 1
+    assert f"[dataset 'demo', file '{path}', line 3] schema Person has no property 'wings'" in res.stderr
+    path.write_text("entity,value\nx,y\n")
+    res = run("-d", "demo", "statements", "write", "-i", str(path))
+    assert "lacks columns ['entity_id', 'prop', 'schema']" in res.stderr
+    path.write_bytes(b"entity_id,prop,schema,value\np1,name,Person,M\xfcller\n")
+    res = run("-d", "demo", "statements", "write", "-i", str(path))
+    assert res.exit_code == 1 and "not UTF-8" in res.stderr
+    lake: Lakehouse = run.lake
+    assert lake.journal.count("demo") == 0
+
+
+def test_archive_errors(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ok(run("datasets", "create", "demo"))
+    res = run("-d", "demo", "archive", "add", str(tmp_path / "missing.pdf"))
+    assert res.exit_code == 1 and "Source file not found" in res.stderr and "missing.pdf" in res.stderr
+    res = run("-d", "demo", "archive", "add", f"http://127.0.0.1:{free_port()}/a.pdf")
+    assert res.exit_code == 1 and "Cannot reach" in res.stderr
+    doc = SAMPLE / "documents" / "notes.md"
+    res = run("-d", "demo", "archive", "add", "--checksum", "0" * 64, str(doc))
+    assert res.exit_code == 1 and "checksum mismatch" in res.stderr and "notes.md" in res.stderr
+    res = run("-d", "demo", "archive", "get", "f" * 64)
+    assert res.exit_code == 1 and "No file with checksum" in res.stderr
+    res = run("-d", "demo", "archive", "delete", "../../config.yml")
+    assert res.exit_code == 1 and "Invalid file id" in res.stderr
+    lake: Lakehouse = run.lake
+    assert lake.store.exists("demo/config.yml")
+    assert not [p for p in lake.store.list("demo/archive/")]
+
+
+@pytest.mark.parametrize("name", ["../etc", "Demo", "a/b", "..", "x\x00"])
+def test_invalid_dataset_names(run, name: str) -> None:  # type: ignore[no-untyped-def]
+    res = run("datasets", "create", name)
+    assert res.exit_code == 1 and "Invalid dataset name" in res.stderr
+    res = run("-d", name, "tags", "ls")
+    assert res.exit_code == 1 and "Invalid dataset name" in res.stderr
+
+
+def test_invalid_tenant_and_unknown_dataset(run) -> None:  # type: ignore[no-untyped-def]
+    res = run("--tenant", "../root", "datasets", "list")
+    assert res.exit_code == 1 and "Invalid tenant name" in res.stderr
+    res = run("-d", "nope", "archive", "ls")
+    assert res.exit_code == 1 and "Dataset 'nope' does not exist" in res.stderr
+    ok(run("datasets", "create", "demo"))
+    res = run("-d", "demo", "tags", "ls", "--tenant", "../../x")
+    assert res.exit_code == 1 and "Invalid tenant name" in res.stderr
+
+
+def test_installed_entry_point(tmp_path: Path) -> None:
+    exe = Path(sys.executable).parent / "lakehouse"
+    res = subprocess.run(
+        [str(exe), "--lake", str(tmp_path / "lake"), "datasets", "create", "cli_demo"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "created cli_demo" in res.stderr
+    assert (tmp_path / "lake" / "journal.sqlite").exists() is False  # journal opens lazily
+    res = subprocess.run(
+        [str(exe), "--lake", str(tmp_path / "lake"), "-d", "cli_demo", "entities", "write", "-i", str(SAMPLE / "entities.ftm.json")],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "lake" / "journal.sqlite").exists()  # the durable default

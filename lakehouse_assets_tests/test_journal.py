@@ -1,0 +1,164 @@
+"""Journal and tenant API on real SQLite and real PostgreSQL."""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+from pathlib import Path
+
+import orjson
+import pytest
+from followthemoney import model
+from followthemoney.statement import Statement
+
+from lakehouse_assets import Lakehouse
+from lakehouse_assets import conventions as cv
+from lakehouse_assets.errors import InvalidInputError
+from lakehouse_assets.journal import Journal
+from lakehouse_assets_tests.conftest import sample_entities
+
+
+@pytest.fixture
+def lake_with_journal(tmp_path: Path, journal_url: str) -> Lakehouse:
+    return Lakehouse(tmp_path / "lake", journal_url=journal_url)
+
+
+def test_in_memory_journal_is_refused() -> None:
+    with pytest.raises(ValueError, match="in-memory"):
+        Journal("sqlite:///:memory:")
+
+
+def test_add_entity_writes_followthemoney_statements(lake_with_journal: Lakehouse, dataset_name: str) -> None:
+    ds = lake_with_journal.create_dataset(dataset_name)
+    entity = sample_entities()[0]
+    n = ds.add_entity(entity, origin="crawler")
+    proxy = model.get_proxy(entity, cleaned=False)
+    expected = {s.id for s in Statement.from_entity(proxy, dataset_name)}
+    stored = ds.journal.live_entity_statements(dataset_name, entity["id"])  # type: ignore[arg-type]
+    assert n == len(expected) == len(stored)
+    assert {s.id for s in stored} == expected
+    assert {s.origin for s in stored} == {"crawler"}
+    assert all(s.first_seen for s in stored)
+    assert ds.core_tags.get(cv.JOURNAL_LAST_UPDATED) is not None
+
+
+def test_bulk_commits_once_on_exit(lake_with_journal: Lakehouse, dataset_name: str) -> None:
+    ds = lake_with_journal.create_dataset(dataset_name)
+    with ds.bulk("bulk") as bulk:
+        for ent in sample_entities():
+            bulk.add_entity(ent)
+        assert ds.core_tags.get(cv.JOURNAL_LAST_UPDATED) is None
+    assert ds.journal.count(dataset_name) == bulk.count > 0
+    assert ds.core_tags.get(cv.JOURNAL_LAST_UPDATED) is not None
+
+
+def test_bulk_rolls_back_everything_on_error(lake_with_journal: Lakehouse, dataset_name: str) -> None:
+    ds = lake_with_journal.create_dataset(dataset_name)
+    ds.settings.journal_batch_size = 5  # make sure batches were already inserted
+    with pytest.raises(RuntimeError), ds.bulk("bulk") as bulk:
+        for ent in sample_entities():
+            bulk.add_entity(ent)
+        raise RuntimeError("tenant crashed")
+    assert ds.journal.count(dataset_name) == 0
+    assert ds.core_tags.get(cv.JOURNAL_LAST_UPDATED) is None
+
+
+def test_write_entities_is_all_or_nothing(lake_with_journal: Lakehouse, dataset_name: str) -> None:
+    ds = lake_with_journal.create_dataset(dataset_name)
+    lines = [orjson.dumps(e) for e in sample_entities()]
+    lines.insert(7, b'{"id": "broken", "schema": "Person", "properties": {"name": ["x"]')
+    with pytest.raises(InvalidInputError, match=rf"dataset '{dataset_name}', file 'in.json', line 8\] malformed JSON"):
+        ds.write_entities(io.BytesIO(b"\n".join(lines)), source="in.json")
+    assert ds.journal.count(dataset_name) == 0
+
+
+def test_write_entities_in_parallel_matches_serial(tmp_path: Path, journal_url: str, dataset_name: str) -> None:
+    """The worker pool path gives exactly the statements of the in-process path."""
+    lake = Lakehouse(tmp_path / "lake", journal_url=journal_url)
+    base = sample_entities()
+    lines = []
+    for i in range(1700):  # > PARALLEL_AFTER_LINES lines in total
+        for ent in base:
+            lines.append(orjson.dumps({**ent, "id": f"{ent['id']}-{i}"}))
+    par = lake.create_dataset(dataset_name)
+    bulk = par.write_entities(io.BytesIO(b"\n".join(lines)), workers=2)
+    assert bulk.entities == len(lines)
+    serial = lake.create_dataset(dataset_name + "_s")
+    expected = 0
+    with serial.bulk() as b:
+        for line in lines[:: len(base) * 97]:
+            expected += b.add_entity(orjson.loads(line))
+    assert par.journal.count(dataset_name) == bulk.count
+    sample_id = orjson.loads(lines[0])["id"]
+    got = {s.id for s in par.journal.live_entity_statements(dataset_name, sample_id)}
+    want = {s.id for s in serial.journal.live_entity_statements(dataset_name + "_s", sample_id)}
+    assert got and {Statement.make_key(dataset_name, sample_id, "id", sample_id, False)} <= got
+    assert len(got) == len(want)
+
+
+def test_delete_entity_writes_tombstones(lake_with_journal: Lakehouse, dataset_name: str) -> None:
+    ds = lake_with_journal.create_dataset(dataset_name)
+    ents = sample_entities()
+    for ent in ents[:3]:
+        ds.add_entity(ent, origin="a")
+    target = str(ents[0]["id"])
+    before = ds.journal.live_entity_statements(dataset_name, target)
+    assert ds.delete_entity(target) == len(before) > 0
+    assert ds.journal.live_entity_statements(dataset_name, target) == []
+    assert ds.journal.live_entity_statements(dataset_name, str(ents[1]["id"]))
+    # the journal keeps the history: writes + tombstones
+    assert ds.journal.count(dataset_name) == sum(
+        len(ds.journal.entity_rows(dataset_name, str(e["id"]))) for e in ents[:3]
+    )
+    assert ds.delete_entity(target) == 0  # nothing left to delete
+
+
+def test_delete_statement(lake_with_journal: Lakehouse, dataset_name: str) -> None:
+    ds = lake_with_journal.create_dataset(dataset_name)
+    ent = sample_entities()[0]
+    ds.add_entity(ent, origin="a")
+    stmts = ds.journal.live_entity_statements(dataset_name, str(ent["id"]))
+    name = next(s for s in stmts if s.prop == "name")
+    ds.delete_statement(name)
+    left = ds.journal.live_entity_statements(dataset_name, str(ent["id"]))
+    assert {s.id for s in left} == {s.id for s in stmts} - {name.id}
+
+
+def test_add_statements_validates(lake_with_journal: Lakehouse, dataset_name: str) -> None:
+    ds = lake_with_journal.create_dataset(dataset_name)
+    good = Statement(entity_id="e1", prop="name", schema="Person", value="Ann", dataset=dataset_name)
+    assert ds.add_statements([good], origin="x") == 1
+    with ds.bulk("x") as bulk, pytest.raises(InvalidInputError, match="no property 'nope'"):
+        bulk.add_statement({"entity_id": "e1", "prop": "nope", "schema": "Person", "value": "v"})
+    with pytest.raises(InvalidInputError, match="does not match followthemoney's id"), ds.bulk("x") as bulk:
+        bulk.add_statement(
+            {"entity_id": "e1", "prop": "name", "schema": "Person", "value": "v", "id": "f" * 40}
+        )
+    assert ds.journal.count(dataset_name) == 1
+
+
+def _writer(args: tuple[str, str, str, int]) -> int:
+    lake_dir, journal_url, dataset, worker = args
+    lake = Lakehouse(lake_dir, journal_url=journal_url)
+    ds = lake.dataset(dataset)
+    total = 0
+    for batch in range(5):
+        with ds.bulk(f"w{worker}") as bulk:
+            for i in range(40):
+                total += bulk.add_entity(
+                    {"id": f"w{worker}-{batch}-{i}", "schema": "Person", "properties": {"name": [f"P {i}"]}}
+                )
+    return total
+
+
+def test_concurrent_writers_lose_nothing(tmp_path: Path, journal_url: str, dataset_name: str) -> None:
+    """Four processes write to one dataset's journal at once; every row arrives."""
+    lake = Lakehouse(tmp_path / "lake", journal_url=journal_url)
+    lake.create_dataset(dataset_name)
+    lake.journal.dispose()
+    ctx = mp.get_context("spawn")
+    args = [(str(tmp_path / "lake"), journal_url, dataset_name, w) for w in range(4)]
+    with ctx.Pool(4) as pool:
+        written = pool.map(_writer, args)
+    assert sum(written) == 4 * 5 * 40 * 2
+    assert lake.journal.count(dataset_name) == sum(written)
