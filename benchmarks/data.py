@@ -42,9 +42,16 @@ def scaled_entities(statements: int, source: Path = KEK) -> Iterator[bytes]:
             for prop in refs.get(ent["schema"], ()):
                 if prop in props:
                     props[prop] = [_new_id(replica, v) for v in props[prop]]
-            yield orjson.dumps(
-                {"id": _new_id(replica, ent["id"]), "schema": ent["schema"], "properties": props}
-            ) + b"\n"
+            yield (
+                orjson.dumps(
+                    {
+                        "id": _new_id(replica, ent["id"]),
+                        "schema": ent["schema"],
+                        "properties": props,
+                    }
+                )
+                + b"\n"
+            )
 
 
 def write(path: Path, statements: int) -> Path:

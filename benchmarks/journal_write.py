@@ -36,10 +36,12 @@ def main() -> None:
     elapsed = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(f"journal write: {bulk.entities:,} entities, {bulk.count:,} statements "
-          f"in {elapsed:.2f} s = {bulk.count / elapsed:,.0f} statements/s "
-          f"(journal {lake.journal.engine.dialect.name}); "
-          f"peak RSS main {peak:.0f} MB, largest worker {children:.0f} MB")
+    print(
+        f"journal write: {bulk.entities:,} entities, {bulk.count:,} statements "
+        f"in {elapsed:.2f} s = {bulk.count / elapsed:,.0f} statements/s "
+        f"(journal {lake.journal.engine.dialect.name}); "
+        f"peak RSS main {peak:.0f} MB, largest worker {children:.0f} MB"
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ if the caller gave one, verified: a mismatch stores nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mimetypes
 import os
@@ -112,10 +113,8 @@ class Archive:
         now = cv.utcnow()
         meta_path = cv.archive_meta(self.dataset, actual, fid)
         created = now
-        try:
+        with contextlib.suppress(SourceNotFoundError):
             created = FileMeta.model_validate_json(self.store.read_bytes(meta_path)).created_at
-        except SourceNotFoundError:
-            pass
         fname = name or source_name(uri)
         meta = FileMeta(
             file_id=fid,

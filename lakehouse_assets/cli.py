@@ -64,12 +64,25 @@ def _input(path: str) -> Iterator[tuple[IO[bytes], str]]:
 
 
 @click.group(cls=LakehouseGroup)
-@click.option("--lake", "lake_uri", envvar="LAKEHOUSE_LAKE_URI", help="Lake URI: folder or s3://bucket/prefix.")
+@click.option(
+    "--lake",
+    "lake_uri",
+    envvar="LAKEHOUSE_LAKE_URI",
+    help="Lake URI: folder or s3://bucket/prefix.",
+)
 @click.option("--journal-url", envvar="LAKEHOUSE_JOURNAL_URL", help="Journal SQLAlchemy URL.")
-@click.option("--tenant", envvar="LAKEHOUSE_TENANT", help="Tenant name (namespaces tags and locks).")
+@click.option(
+    "--tenant", envvar="LAKEHOUSE_TENANT", help="Tenant name (namespaces tags and locks)."
+)
 @click.option("--dataset", "-d", "dataset", help="Dataset name.")
 @click.pass_context
-def cli(ctx: click.Context, lake_uri: str | None, journal_url: str | None, tenant: str | None, dataset: str | None) -> None:
+def cli(
+    ctx: click.Context,
+    lake_uri: str | None,
+    journal_url: str | None,
+    tenant: str | None,
+    dataset: str | None,
+) -> None:
     """An FtM data lakehouse: archive, journal, Delta statements, exports."""
     settings = Settings()
     ctx.obj = Context(
@@ -116,9 +129,13 @@ def archive() -> None:
 @click.argument("uris", nargs=-1, required=True)
 @click.option("--checksum", help="Expected SHA-256 (verified; mismatch stores nothing).")
 @click.option("--file-id", help="Explicit metadata id (single file only).")
-@click.option("--document/--no-document", default=False, help="Also write a Document entity to the journal.")
+@click.option(
+    "--document/--no-document", default=False, help="Also write a Document entity to the journal."
+)
 @pass_ctx
-def archive_add(obj: Context, uris: tuple[str, ...], checksum: str | None, file_id: str | None, document: bool) -> None:
+def archive_add(
+    obj: Context, uris: tuple[str, ...], checksum: str | None, file_id: str | None, document: bool
+) -> None:
     """Archive files from paths or file://, s3://, http(s):// URIs."""
     ds = obj.dataset()
     if (checksum or file_id) and len(uris) > 1:
@@ -172,15 +189,23 @@ def entities() -> None:
 
 
 @entities.command("write")
-@click.option("--input", "-i", "path", default="-", show_default=True, help="FtM JSON lines file or - for stdin.")
+@click.option(
+    "--input",
+    "-i",
+    "path",
+    default="-",
+    show_default=True,
+    help="FtM JSON lines file or - for stdin.",
+)
 @click.option("--origin", "-o", default=cv.DEFAULT_ORIGIN, show_default=True)
 @pass_ctx
 def entities_write(obj: Context, path: str, origin: str) -> None:
     """Validate and write FtM entities (one JSON object per line); all or nothing."""
     ds = obj.dataset()
-    with _input(path) as (fh, source), tqdm(
-        unit=" lines", desc=f"{ds.name}", file=sys.stderr, disable=None
-    ) as bar:
+    with (
+        _input(path) as (fh, source),
+        tqdm(unit=" lines", desc=f"{ds.name}", file=sys.stderr, disable=None) as bar,
+    ):
         bulk = ds.write_entities(fh, origin=origin, source=source, progress=bar.update)
     click.echo(f"wrote {bulk.entities} entities, {bulk.count} statements to {ds.name}", err=True)
 
@@ -203,15 +228,24 @@ def statements() -> None:
 
 
 @statements.command("write")
-@click.option("--input", "-i", "path", default="-", show_default=True, help="Statement CSV file or - for stdin.")
+@click.option(
+    "--input",
+    "-i",
+    "path",
+    default="-",
+    show_default=True,
+    help="Statement CSV file or - for stdin.",
+)
 @click.option("--origin", "-o", default=cv.DEFAULT_ORIGIN, show_default=True)
 @pass_ctx
 def statements_write(obj: Context, path: str, origin: str) -> None:
     """Validate and write statements (followthemoney CSV); all or nothing."""
     ds = obj.dataset()
-    with _input(path) as (fh, source), ds.bulk(origin) as bulk, tqdm(
-        unit=" statements", desc=ds.name, file=sys.stderr, disable=None
-    ) as bar:
+    with (
+        _input(path) as (fh, source),
+        ds.bulk(origin) as bulk,
+        tqdm(unit=" statements", desc=ds.name, file=sys.stderr, disable=None) as bar,
+    ):
         for stmt in read_statements_csv(fh, dataset=ds.name, origin=bulk.origin, source=source):
             bulk.add_statement(stmt)
             bar.update()

@@ -69,9 +69,7 @@ def _check(kind: str, value: object, pattern: re.Pattern[str], hint: str) -> str
 
 def dataset_name(value: object) -> str:
     """Validate a dataset name (FtM naming: ``[a-z0-9_]``, 1-128 chars)."""
-    return _check(
-        "dataset name", value, DATASET_NAME, "use lowercase letters, digits and '_'"
-    )
+    return _check("dataset name", value, DATASET_NAME, "use lowercase letters, digits and '_'")
 
 
 def tenant_name(value: object) -> str:
@@ -93,17 +91,14 @@ def tag_key(value: object) -> str:
             "tag key",
             segment,
             SEGMENT,
-            f"segment {segment!r} must be letters, digits, '_', '-', '.' "
-            "and not start with '.'",
+            f"segment {segment!r} must be letters, digits, '_', '-', '.' and not start with '.'",
         )
     return value
 
 
 def file_id(value: object) -> str:
     """Validate a file id (one path segment, not starting with a dot)."""
-    return _check(
-        "file id", value, FILE_ID, "use letters, digits, '_', '-', '.' (no '/')"
-    )
+    return _check("file id", value, FILE_ID, "use letters, digits, '_', '-', '.' (no '/')")
 
 
 def checksum(value: object) -> str:
@@ -214,9 +209,7 @@ def dataset_version(dataset: str, filename: str, ts: datetime | None = None) -> 
     """``{dataset}/versions/YYYY/MM/{timestamp}/{filename}``."""
     ts = ts or utcnow()
     name = file_id(filename)
-    return dataset_path(
-        dataset, VERSIONS, f"{ts:%Y}", f"{ts:%m}", path_timestamp(ts), name
-    )
+    return dataset_path(dataset, VERSIONS, f"{ts:%Y}", f"{ts:%m}", path_timestamp(ts), name)
 
 
 def lock_path(dataset: str, tenant: str, operation: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable, Iterator
-from typing import IO, Any
+from typing import IO, Any, TextIO
 
 import orjson
 from followthemoney import model
@@ -190,7 +190,10 @@ def read_statements_csv(
         missing = {"entity_id", "prop", "schema", "value"} - set(header)
         if missing:
             raise InvalidInputError(
-                f"statement CSV lacks columns {sorted(missing)}", dataset=dataset, source=source, line=1
+                f"statement CSV lacks columns {sorted(missing)}",
+                dataset=dataset,
+                source=source,
+                line=1,
             )
         for row in reader:
             yield make_statement(
@@ -208,7 +211,7 @@ def read_statements_csv(
         text.detach()
 
 
-def write_statements_csv(fh: IO[str], statements: Iterable[Statement]) -> int:
+def write_statements_csv(fh: TextIO, statements: Iterable[Statement]) -> int:
     """Write statements with followthemoney's own CSV writer; returns the count."""
     writer = CSVStatementWriter(fh)
     count = 0

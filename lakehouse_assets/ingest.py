@@ -55,7 +55,9 @@ def convert_chunk(chunk: Chunk) -> ChunkResult:
         if proxy is None:
             continue
         entities += 1
-        stmts = entity_statements(proxy, dataset=chunk.dataset, origin=chunk.origin, seen=chunk.seen)
+        stmts = entity_statements(
+            proxy, dataset=chunk.dataset, origin=chunk.origin, seen=chunk.seen
+        )
         bucket = bucket_of(stmts[0].canonical_id)
         for s in stmts:
             rows.append(

@@ -50,11 +50,11 @@ class JobRecorder:
 
 
 @contextmanager
-def record_job(
-    store: Store, dataset: str, job_type: str, tenant: str
-) -> Iterator[JobRecorder]:
+def record_job(store: Store, dataset: str, job_type: str, tenant: str) -> Iterator[JobRecorder]:
     """Record a job run; the record ends as ``succeeded`` or ``failed``."""
-    run = JobRun(job_type=cv.job_type(job_type), dataset=dataset, tenant=tenant, started_at=cv.utcnow())
+    run = JobRun(
+        job_type=cv.job_type(job_type), dataset=dataset, tenant=tenant, started_at=cv.utcnow()
+    )
     recorder = JobRecorder(store, run)
     recorder.save()
     try:

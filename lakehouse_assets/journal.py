@@ -52,7 +52,9 @@ metadata = MetaData()
 journal_table = Table(
     "lakehouse_journal",
     metadata,
-    Column("seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column(
+        "seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("dataset", String(128), nullable=False),
     Column("bucket", Integer, nullable=False),
     Column("origin", String(255), nullable=False),
@@ -83,9 +85,7 @@ def bucket_of(canonical_id: str) -> int:
     return zlib.crc32(canonical_id.encode("utf-8")) % BUCKETS
 
 
-def statement_row(
-    stmt: Statement, dataset: str, origin: str, deleted_at: str | None = None
-) -> Row:
+def statement_row(stmt: Statement, dataset: str, origin: str, deleted_at: str | None = None) -> Row:
     """A journal row for a statement (origin is required in the journal)."""
     return (
         dataset,
@@ -191,13 +191,16 @@ class Journal:
             cols = ", ".join(f'"{c}"' for c in COLUMNS)
             dbapi = conn.connection.dbapi_connection
             assert dbapi is not None
-            with dbapi.cursor() as cur:
+            cur = dbapi.cursor()
+            try:
                 execute_values(
                     cur,
                     f"INSERT INTO {journal_table.name} ({cols}) VALUES %s",
                     rows,
                     page_size=5000,
                 )
+            finally:
+                cur.close()
         else:
             conn.execute(journal_table.insert(), [dict(zip(COLUMNS, r, strict=True)) for r in rows])
 
@@ -294,7 +297,9 @@ class Journal:
 
     # --- clearing -------------------------------------------------------
 
-    def clear(self, dataset: str, buckets: Sequence[int] | None = None, max_seq: int | None = None) -> int:
+    def clear(
+        self, dataset: str, buckets: Sequence[int] | None = None, max_seq: int | None = None
+    ) -> int:
         """Remove flushed rows (only after they are safely committed elsewhere)."""
         t = journal_table
         q = delete(t).where(t.c.dataset == dataset)
@@ -314,4 +319,13 @@ def iso(ts: datetime) -> str:
     return ts.strftime("%Y-%m-%dT%H:%M:%S")
 
 
-__all__ = ["BUCKETS", "COLUMNS", "Journal", "bucket_of", "cv", "iso", "row_statement", "statement_row"]
+__all__ = [
+    "BUCKETS",
+    "COLUMNS",
+    "Journal",
+    "bucket_of",
+    "cv",
+    "iso",
+    "row_statement",
+    "statement_row",
+]

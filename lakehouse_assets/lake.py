@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from functools import cached_property
 from types import TracebackType
 from typing import IO, Any
@@ -37,8 +38,6 @@ from lakehouse_assets.locks import Lock, dataset_lock, operation_lock
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.storage import Store, open_store
 from lakehouse_assets.tags import Tags
-
-from contextlib import AbstractContextManager
 
 
 class Lakehouse:
@@ -93,7 +92,8 @@ class Lakehouse:
         current["title"] = title or current.get("title") or name
         config = DatasetModel.model_validate(current)
         self.store.write_text(
-            path, yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
+            path,
+            yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True), sort_keys=False),
         )
         self.write_catalog()
         return Dataset(self, name)
@@ -190,7 +190,9 @@ class Dataset:
         """A bulk writer: everything commits at once on exit, or nothing."""
         return BulkWriter(self, origin)
 
-    def add_entity(self, entity: EntityProxy | dict[str, Any], origin: str = cv.DEFAULT_ORIGIN) -> int:
+    def add_entity(
+        self, entity: EntityProxy | dict[str, Any], origin: str = cv.DEFAULT_ORIGIN
+    ) -> int:
         """Validate an entity and write its statements; returns their number."""
         with self.bulk(origin) as bulk:
             return bulk.add_entity(entity)
@@ -223,7 +225,9 @@ class Dataset:
                     progress(result.lines)
         return bulk
 
-    def add_statements(self, statements: Iterable[Statement], origin: str = cv.DEFAULT_ORIGIN) -> int:
+    def add_statements(
+        self, statements: Iterable[Statement], origin: str = cv.DEFAULT_ORIGIN
+    ) -> int:
         with self.bulk(origin) as bulk:
             for stmt in statements:
                 bulk.add_statement(stmt)
@@ -241,7 +245,10 @@ class Dataset:
         if not stmts:
             return 0
         now = iso(cv.utcnow())
-        rows = [statement_row(s, self.name, s.origin or cv.DEFAULT_ORIGIN, deleted_at=now) for s in stmts]
+        rows = [
+            statement_row(s, self.name, s.origin or cv.DEFAULT_ORIGIN, deleted_at=now)
+            for s in stmts
+        ]
         self.journal.write(rows)
         self.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
         return len(rows)

@@ -73,9 +73,8 @@ class Lock:
     def is_stale(self, holder: dict[str, object]) -> bool:
         """A lock is stale if its process died (same host) or it outlived the TTL."""
         acquired = holder.get("acquired_at")
-        if isinstance(acquired, str):
-            if cv.utcnow() - datetime.fromisoformat(acquired) > self.ttl:
-                return True
+        if isinstance(acquired, str) and cv.utcnow() - datetime.fromisoformat(acquired) > self.ttl:
+            return True
         pid = holder.get("pid")
         if holder.get("host") == socket.gethostname() and isinstance(pid, int):
             return not _pid_alive(pid)

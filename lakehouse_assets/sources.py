@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 from urllib.parse import unquote, urlparse
 
 from lakehouse_assets.errors import SourceNotFoundError, SourceUnreachableError
@@ -78,6 +78,6 @@ def open_source(uri: str, settings: Settings) -> Iterator[IO[bytes]]:
             if resp.status_code >= 400:
                 raise SourceUnreachableError(f"HTTP {resp.status_code} for {uri}")
             resp.raw.decode_content = True
-            yield resp.raw
+            yield cast(IO[bytes], resp.raw)
         return
     raise SourceNotFoundError(f"Unsupported source URI scheme {scheme!r}: {uri}")

@@ -12,6 +12,7 @@ matter to everything above it:
 
 from __future__ import annotations
 
+import builtins
 import os
 import shutil
 import tempfile
@@ -94,7 +95,7 @@ class Store(ABC):
     def write_text(self, path: str, text: str) -> None:
         self.write_bytes(path, text.encode("utf-8"))
 
-    def list_dirs(self, prefix: str) -> list[str]:
+    def list_dirs(self, prefix: str) -> builtins.list[str]:
         """Names of the direct children of ``prefix`` that hold anything."""
         prefix = prefix.rstrip("/") + "/" if prefix else ""
         names = {p[len(prefix) :].split("/", 1)[0] for p in self.list(prefix)}

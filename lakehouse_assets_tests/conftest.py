@@ -8,6 +8,7 @@ a visible reason when it does not.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -52,10 +53,8 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)
     except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait(timeout=10)
 
 

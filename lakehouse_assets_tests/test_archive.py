@@ -70,7 +70,9 @@ def test_add_file_stores_blob_once_and_metadata(lake: Lakehouse, source: Path) -
     assert ds.archive.get(meta.checksum) == meta
 
 
-def test_same_blob_under_two_paths_gives_two_entries(lake: Lakehouse, source: Path, tmp_path: Path) -> None:
+def test_same_blob_under_two_paths_gives_two_entries(
+    lake: Lakehouse, source: Path, tmp_path: Path
+) -> None:
     ds = lake.create_dataset("docs")
     copy = tmp_path / "copy.txt"
     copy.write_bytes(source.read_bytes())
@@ -145,7 +147,9 @@ def test_http_source_and_errors(local_lake: Lakehouse, http_root: tuple[str, Pat
 def test_s3_source(local_lake: Lakehouse, s3_settings: Settings) -> None:
     bucket = make_bucket(s3_settings)
     s3_client(s3_settings).put_object(Bucket=bucket, Key="in/data.csv", Body=b"a,b\n1,2\n")
-    lake = Lakehouse(local_lake.store.uri, settings=s3_settings, journal_url=local_lake.settings.journal_url)
+    lake = Lakehouse(
+        local_lake.store.uri, settings=s3_settings, journal_url=local_lake.settings.journal_url
+    )
     ds = lake.create_dataset("s3src")
     meta = ds.add_file(f"s3://{bucket}/in/data.csv")
     assert meta.checksum == sha(b"a,b\n1,2\n") and meta.name == "data.csv"

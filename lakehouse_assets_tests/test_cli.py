@@ -48,9 +48,22 @@ def test_full_tenant_session(run, tmp_path: Path) -> None:  # type: ignore[no-un
     assert meta["checksum"] == hashlib.sha256(doc.read_bytes()).hexdigest()
     got = json.loads(ok(run("-d", "demo", "archive", "get", meta["checksum"])).stdout)
     assert got["file_id"] == meta["file_id"]
-    assert ok(run("-d", "demo", "archive", "cat", meta["checksum"])).stdout_bytes == doc.read_bytes()
+    assert (
+        ok(run("-d", "demo", "archive", "cat", meta["checksum"])).stdout_bytes == doc.read_bytes()
+    )
     assert len(ok(run("-d", "demo", "archive", "ls")).stdout.splitlines()) == 1
-    res = ok(run("-d", "demo", "entities", "write", "-i", str(SAMPLE / "entities.ftm.json"), "-o", "sample"))
+    res = ok(
+        run(
+            "-d",
+            "demo",
+            "entities",
+            "write",
+            "-i",
+            str(SAMPLE / "entities.ftm.json"),
+            "-o",
+            "sample",
+        )
+    )
     assert "wrote 13 entities" in res.stderr
     from followthemoney import model
     from followthemoney.statement import Statement
@@ -59,7 +72,9 @@ def test_full_tenant_session(run, tmp_path: Path) -> None:  # type: ignore[no-un
     n = len(list(Statement.from_entity(model.get_proxy(target, cleaned=False), "demo")))
     res = ok(run("-d", "demo", "entities", "delete", "own-li-blue"))
     assert f"own-li-blue: {n} statements tombstoned" in res.stderr
-    tags = dict(line.split("\t") for line in ok(run("-d", "demo", "tags", "ls")).stdout.splitlines())
+    tags = dict(
+        line.split("\t") for line in ok(run("-d", "demo", "tags", "ls")).stdout.splitlines()
+    )
     assert set(tags) == {cv.ARCHIVE_LAST_UPDATED, cv.JOURNAL_LAST_UPDATED}
     ok(run("-d", "demo", "archive", "delete", meta["file_id"]))
     assert ok(run("-d", "demo", "archive", "ls")).stdout == ""
@@ -107,11 +122,23 @@ def bad_entities(tmp_path: Path, lines: list[bytes]) -> Path:
     ("line", "message"),
     [
         (b'{"id": "x", "schema": "Person", "properties": {', "line 5] malformed JSON"),
-        (b'{"id": "x", "schema": "Unicorn", "properties": {}}', "line 5] entity 'x': unknown schema 'Unicorn'"),
-        (b'{"id": "x", "schema": "Person", "properties": {"wings": ["2"]}}', "line 5] entity 'x': schema Person has no property 'wings'"),
+        (
+            b'{"id": "x", "schema": "Unicorn", "properties": {}}',
+            "line 5] entity 'x': unknown schema 'Unicorn'",
+        ),
+        (
+            b'{"id": "x", "schema": "Person", "properties": {"wings": ["2"]}}',
+            "line 5] entity 'x': schema Person has no property 'wings'",
+        ),
         (b'{"schema": "Person", "properties": {"name": ["No Id"]}}', "line 5] entity has no id"),
-        (b'{"id": "x", "schema": "Thing", "properties": {}}', "line 5] entity 'x': schema 'Thing' is abstract"),
-        (b'{"id": "x", "schema": "Person", "properties": {"name": ["M\xfcller"]}}', "line 5] not UTF-8"),
+        (
+            b'{"id": "x", "schema": "Thing", "properties": {}}',
+            "line 5] entity 'x': schema 'Thing' is abstract",
+        ),
+        (
+            b'{"id": "x", "schema": "Person", "properties": {"name": ["M\xfcller"]}}',
+            "line 5] not UTF-8",
+        ),
         (b'["not", "an", "object"]', "line 5] expected a JSON object"),
     ],
 )
@@ -132,7 +159,10 @@ def test_bad_statement_csv(run, tmp_path: Path) -> None:  # type: ignore[no-unty
     path.write_text("entity_id,prop,schema,value\np1,name,Person,Ann\np1,wings,Person,2\n")
     res = run("-d", "demo", "statements", "write", "-i", str(path))
     assert res.exit_code == 1
-    assert f"[dataset 'demo', file '{path}', line 3] schema Person has no property 'wings'" in res.stderr
+    assert (
+        f"[dataset 'demo', file '{path}', line 3] schema Person has no property 'wings'"
+        in res.stderr
+    )
     path.write_text("entity,value\nx,y\n")
     res = run("-d", "demo", "statements", "write", "-i", str(path))
     assert "lacks columns ['entity_id', 'prop', 'schema']" in res.stderr
@@ -146,7 +176,9 @@ def test_bad_statement_csv(run, tmp_path: Path) -> None:  # type: ignore[no-unty
 def test_archive_errors(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     ok(run("datasets", "create", "demo"))
     res = run("-d", "demo", "archive", "add", str(tmp_path / "missing.pdf"))
-    assert res.exit_code == 1 and "Source file not found" in res.stderr and "missing.pdf" in res.stderr
+    assert (
+        res.exit_code == 1 and "Source file not found" in res.stderr and "missing.pdf" in res.stderr
+    )
     res = run("-d", "demo", "archive", "add", f"http://127.0.0.1:{free_port()}/a.pdf")
     assert res.exit_code == 1 and "Cannot reach" in res.stderr
     doc = SAMPLE / "documents" / "notes.md"
@@ -190,7 +222,17 @@ def test_installed_entry_point(tmp_path: Path) -> None:
     assert "created cli_demo" in res.stderr
     assert (tmp_path / "lake" / "journal.sqlite").exists() is False  # journal opens lazily
     res = subprocess.run(
-        [str(exe), "--lake", str(tmp_path / "lake"), "-d", "cli_demo", "entities", "write", "-i", str(SAMPLE / "entities.ftm.json")],
+        [
+            str(exe),
+            "--lake",
+            str(tmp_path / "lake"),
+            "-d",
+            "cli_demo",
+            "entities",
+            "write",
+            "-i",
+            str(SAMPLE / "entities.ftm.json"),
+        ],
         capture_output=True,
         text=True,
     )

@@ -44,7 +44,9 @@ def test_valid_dataset_names(name: str) -> None:
     assert cv.dataset_name(name) == name
 
 
-@pytest.mark.parametrize("key", ["../x", "a/../b", "/abs", "a//b", ".hidden", "a/.", "", "a\x00", "a\\b"])
+@pytest.mark.parametrize(
+    "key", ["../x", "a/../b", "/abs", "a//b", ".hidden", "a/.", "", "a\x00", "a\\b"]
+)
 def test_tag_keys_cannot_escape(key: str) -> None:
     with pytest.raises(InvalidNameError):
         cv.tag_key(key)

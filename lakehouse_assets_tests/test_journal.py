@@ -28,7 +28,9 @@ def test_in_memory_journal_is_refused() -> None:
         Journal("sqlite:///:memory:")
 
 
-def test_add_entity_writes_followthemoney_statements(lake_with_journal: Lakehouse, dataset_name: str) -> None:
+def test_add_entity_writes_followthemoney_statements(
+    lake_with_journal: Lakehouse, dataset_name: str
+) -> None:
     ds = lake_with_journal.create_dataset(dataset_name)
     entity = sample_entities()[0]
     n = ds.add_entity(entity, origin="crawler")
@@ -52,7 +54,9 @@ def test_bulk_commits_once_on_exit(lake_with_journal: Lakehouse, dataset_name: s
     assert ds.core_tags.get(cv.JOURNAL_LAST_UPDATED) is not None
 
 
-def test_bulk_rolls_back_everything_on_error(lake_with_journal: Lakehouse, dataset_name: str) -> None:
+def test_bulk_rolls_back_everything_on_error(
+    lake_with_journal: Lakehouse, dataset_name: str
+) -> None:
     ds = lake_with_journal.create_dataset(dataset_name)
     ds.settings.journal_batch_size = 5  # make sure batches were already inserted
     with pytest.raises(RuntimeError), ds.bulk("bulk") as bulk:
@@ -67,12 +71,17 @@ def test_write_entities_is_all_or_nothing(lake_with_journal: Lakehouse, dataset_
     ds = lake_with_journal.create_dataset(dataset_name)
     lines = [orjson.dumps(e) for e in sample_entities()]
     lines.insert(7, b'{"id": "broken", "schema": "Person", "properties": {"name": ["x"]')
-    with pytest.raises(InvalidInputError, match=rf"dataset '{dataset_name}', file 'in.json', line 8\] malformed JSON"):
+    with pytest.raises(
+        InvalidInputError,
+        match=rf"dataset '{dataset_name}', file 'in.json', line 8\] malformed JSON",
+    ):
         ds.write_entities(io.BytesIO(b"\n".join(lines)), source="in.json")
     assert ds.journal.count(dataset_name) == 0
 
 
-def test_write_entities_in_parallel_matches_serial(tmp_path: Path, journal_url: str, dataset_name: str) -> None:
+def test_write_entities_in_parallel_matches_serial(
+    tmp_path: Path, journal_url: str, dataset_name: str
+) -> None:
     """The worker pool path gives exactly the statements of the in-process path."""
     lake = Lakehouse(tmp_path / "lake", journal_url=journal_url)
     base = sample_entities()
@@ -126,11 +135,16 @@ def test_delete_statement(lake_with_journal: Lakehouse, dataset_name: str) -> No
 
 def test_add_statements_validates(lake_with_journal: Lakehouse, dataset_name: str) -> None:
     ds = lake_with_journal.create_dataset(dataset_name)
-    good = Statement(entity_id="e1", prop="name", schema="Person", value="Ann", dataset=dataset_name)
+    good = Statement(
+        entity_id="e1", prop="name", schema="Person", value="Ann", dataset=dataset_name
+    )
     assert ds.add_statements([good], origin="x") == 1
     with ds.bulk("x") as bulk, pytest.raises(InvalidInputError, match="no property 'nope'"):
         bulk.add_statement({"entity_id": "e1", "prop": "nope", "schema": "Person", "value": "v"})
-    with pytest.raises(InvalidInputError, match="does not match followthemoney's id"), ds.bulk("x") as bulk:
+    with (
+        pytest.raises(InvalidInputError, match="does not match followthemoney's id"),
+        ds.bulk("x") as bulk,
+    ):
         bulk.add_statement(
             {"entity_id": "e1", "prop": "name", "schema": "Person", "value": "v", "id": "f" * 40}
         )
@@ -146,12 +160,18 @@ def _writer(args: tuple[str, str, str, int]) -> int:
         with ds.bulk(f"w{worker}") as bulk:
             for i in range(40):
                 total += bulk.add_entity(
-                    {"id": f"w{worker}-{batch}-{i}", "schema": "Person", "properties": {"name": [f"P {i}"]}}
+                    {
+                        "id": f"w{worker}-{batch}-{i}",
+                        "schema": "Person",
+                        "properties": {"name": [f"P {i}"]},
+                    }
                 )
     return total
 
 
-def test_concurrent_writers_lose_nothing(tmp_path: Path, journal_url: str, dataset_name: str) -> None:
+def test_concurrent_writers_lose_nothing(
+    tmp_path: Path, journal_url: str, dataset_name: str
+) -> None:
     """Four processes write to one dataset's journal at once; every row arrives."""
     lake = Lakehouse(tmp_path / "lake", journal_url=journal_url)
     lake.create_dataset(dataset_name)

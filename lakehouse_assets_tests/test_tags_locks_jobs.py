@@ -60,7 +60,9 @@ def test_invalid_tag_names_are_refused(lake: Lakehouse) -> None:
 def test_lock_is_exclusive_and_names_holder(lake: Lakehouse) -> None:
     ds = lake.create_dataset("locks")
     with ds.operation_lock("flush"):
-        with pytest.raises(LockedError, match=rf"locks/lakehouse/flush is held by pid {os.getpid()}"):
+        with pytest.raises(
+            LockedError, match=rf"locks/lakehouse/flush is held by pid {os.getpid()}"
+        ):
             ds.operation_lock("flush").acquire()
         with ds.operation_lock("export"):  # other operations are independent
             pass

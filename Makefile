@@ -1,0 +1,40 @@
+# make demo  — set up .venv and run the demo on the embedded defaults
+# make test  — set up .venv and run the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEMO_LAKE ?= demo-lake
+
+.PHONY: install demo test lint typecheck bench clean java
+
+$(STAMP): pyproject.toml requirements.lock
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11+"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip wheel setuptools
+	@echo "installing dependencies (first run builds the pyspark wheel: a few minutes)"
+	$(PY) -m pip install --quiet -c requirements.lock -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+java: install
+	@$(PY) -m lakehouse_assets.spark.java
+
+demo: install
+	@LAKE=$(DEMO_LAKE) VENV=$(VENV) sh lakehouse_assets/sample/demo.sh
+
+test: install java
+	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check lakehouse_assets lakehouse_assets_tests benchmarks
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+bench: install
+	$(PY) -m benchmarks.journal_write --statements 1000000
+
+clean:
+	rm -rf $(DEMO_LAKE) .pytest_cache .mypy_cache .ruff_cache

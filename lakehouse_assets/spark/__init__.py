@@ -1,0 +1,1 @@
+"""Spark: the session factory and the batch jobs that run on it."""
