@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection, RootTransaction
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.archive import Archive, FileMeta
+from lakehouse_assets.delta import DeltaLocation
 from lakehouse_assets.entities import entity_statements, make_statement, validate_entity
 from lakehouse_assets.errors import DatasetNotFoundError, InvalidInputError, SourceNotFoundError
 from lakehouse_assets.ingest import convert_lines
@@ -141,6 +142,22 @@ class Dataset:
     @property
     def journal(self) -> Journal:
         return self.lake.journal
+
+    @property
+    def statements_table(self) -> DeltaLocation:
+        """The Delta statements table (``entities/statements``, partitioned by origin)."""
+        return DeltaLocation(
+            self.store.full_uri(cv.dataset_path(self.name, cv.STATEMENTS_TABLE)),
+            self.store.storage_options(),
+        )
+
+    @property
+    def translog_table(self) -> DeltaLocation:
+        """The Delta translog table (``entities/translog``)."""
+        return DeltaLocation(
+            self.store.full_uri(cv.dataset_path(self.name, cv.TRANSLOG_TABLE)),
+            self.store.storage_options(),
+        )
 
     def tags(self, tenant: str | None = None) -> Tags:
         """Tags of a tenant (default: the lakehouse's own core tags)."""

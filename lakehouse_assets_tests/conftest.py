@@ -166,3 +166,13 @@ def sample_entities() -> list[dict[str, object]]:
 
     path = REPO / "lakehouse_assets" / "sample" / "entities.ftm.json"
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    """One real local Spark session for the whole test process."""
+    from lakehouse_assets.spark.session import get_spark, stop_spark
+
+    session = get_spark(Settings(spark_shuffle_partitions=2, spark_driver_memory="2g"))
+    yield session
+    stop_spark()

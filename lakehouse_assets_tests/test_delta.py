@@ -1,0 +1,152 @@
+"""Spark writes Parquet, delta-rs commits it: standard Delta, on disk and on S3."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+from pyarrow import fs as pafs
+
+from lakehouse_assets import Settings
+from lakehouse_assets.delta import (
+    DeltaLocation,
+    add_action,
+    commit,
+    committed_version,
+    snapshot_files,
+    unique_file_name,
+)
+from lakehouse_assets_tests.conftest import make_bucket
+
+SCHEMA = pa.schema([("id", pa.string()), ("value", pa.string()), ("origin", pa.string())])
+
+
+def spark_partitioned_files(
+    spark, staging: Path, rows: list[tuple[str, str, str]]
+) -> dict[str, list[Path]]:  # type: ignore[no-untyped-def]
+    """Let Spark write Parquet per origin; return files by origin (from our data, not dir names)."""
+    out: dict[str, list[Path]] = {}
+    for origin in sorted({r[2] for r in rows}):
+        part = [(i, v) for i, v, o in rows if o == origin]
+        target = staging / f"batch-{len(out)}"
+        spark.createDataFrame(part, "id string, value string").coalesce(1).write.parquet(
+            str(target)
+        )
+        out[origin] = sorted(target.glob("part-*.parquet"))
+    return out
+
+
+def test_spark_parquet_committed_by_delta_rs_is_standard_delta(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    rows = [("s1", "Ann", "crawl"), ("s2", "Bob", "crawl"), ("s3", "Müller", "ümlaut:src")]
+    table_dir = tmp_path / "statements"
+    loc = DeltaLocation(str(table_dir), {})
+    actions = []
+    for origin, files in spark_partitioned_files(spark, tmp_path / "staging", rows).items():
+        for f in files:
+            rel = f"origin={origin}/{unique_file_name()}"
+            (table_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(f, table_dir / rel)
+            meta = pq.read_metadata(table_dir / rel)
+            actions.append(
+                add_action(rel, (table_dir / rel).stat().st_size, meta, {"origin": origin})
+            )
+    version = commit(
+        loc, actions, schema=SCHEMA, partition_by=["origin"], app_id="flush:test", app_version=7
+    )
+    assert version == 0
+    assert committed_version(loc, "flush:test") == 7
+    # delta-rs reads it back, partition values from the log (non-ASCII intact)
+    table = loc.table()
+    assert table is not None
+    data = table.to_pyarrow_dataset().to_table().sort_by("id").to_pylist()
+    assert [(r["id"], r["value"], r["origin"]) for r in data] == rows
+    # DuckDB reads the snapshot's Parquet files
+    files = snapshot_files(loc)
+    got = duckdb.sql(f"SELECT count(*), min(value) FROM read_parquet({files!r})").fetchone()
+    assert got == (3, "Ann")
+    # stats were taken from the footers, so delta-rs can prune on them
+    stats = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    assert sum(s["num_records"] for s in stats) == 3
+    assert {s["min.id"] for s in stats} == {"s1", "s3"}
+
+
+def test_second_commit_appends_and_time_travel(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    loc = DeltaLocation(str(tmp_path / "t"), {})
+
+    def write(name: str, ids: list[str]) -> None:
+        rel = f"origin=a/{name}"
+        path = tmp_path / "t" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"id": ids, "value": ids}), path)
+        commit(
+            loc,
+            [add_action(rel, path.stat().st_size, pq.read_metadata(path), {"origin": "a"})],
+            schema=SCHEMA,
+            partition_by=["origin"],
+        )
+
+    write(unique_file_name(), ["1", "2"])
+    write(unique_file_name(), ["3"])
+    assert len(snapshot_files(loc)) == 2 and len(snapshot_files(loc, version=0)) == 1
+    old = loc.table(version=0)
+    assert old is not None and old.to_pyarrow_dataset().count_rows() == 2
+
+
+def test_commit_on_s3(tmp_path: Path, s3_settings: Settings) -> None:
+    bucket = make_bucket(s3_settings)
+    assert s3_settings.s3_endpoint_url is not None
+    options = {
+        "AWS_ENDPOINT_URL": s3_settings.s3_endpoint_url,
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+    }
+    s3 = pafs.S3FileSystem(
+        endpoint_override=s3_settings.s3_endpoint_url,
+        scheme="http",
+        access_key="testing",
+        secret_key="testing",
+        region="us-east-1",
+    )
+    loc = DeltaLocation(f"s3://{bucket}/lake/ds/entities/statements", options)
+    rel = f"origin=x/{unique_file_name()}"
+    key = f"{bucket}/lake/ds/entities/statements/{rel}"
+    pq.write_table(pa.table({"id": ["a", "b"], "value": ["1", "2"]}), key, filesystem=s3)
+    info = s3.get_file_info(key)
+    meta = pq.read_metadata(key, filesystem=s3)
+    commit(
+        loc,
+        [add_action(rel, info.size, meta, {"origin": "x"})],
+        schema=SCHEMA,
+        partition_by=["origin"],
+        app_id="flush:ds",
+        app_version=1,
+    )
+    assert committed_version(loc, "flush:ds") == 1
+    files = snapshot_files(loc)
+    assert len(files) == 1 and files[0].startswith(f"s3://{bucket}/")
+    ds = pads.dataset([f.removeprefix("s3://") for f in files], filesystem=s3, format="parquet")
+    assert sorted(ds.to_table().column("id").to_pylist()) == ["a", "b"]
+
+
+def test_missing_table_reads_as_empty(tmp_path: Path) -> None:
+    loc = DeltaLocation(str(tmp_path / "none"), {})
+    assert loc.table() is None and snapshot_files(loc) == [] and committed_version(loc, "x") is None
+    assert not loc.exists()
+    with pytest.raises(Exception):  # noqa: B017 - any delta-rs error
+        commit(loc, [], schema=pa.schema([]), mode="overwrite")
+
+
+def test_dataset_tables_point_into_the_layout(lake) -> None:  # type: ignore[no-untyped-def]
+    ds = lake.create_dataset("tables")
+    assert ds.statements_table.uri.endswith("tables/entities/statements")
+    assert ds.translog_table.uri.endswith("tables/entities/translog")
+    assert ds.statements_table.table() is None  # nothing flushed yet
+    if lake.settings.is_s3:
+        assert ds.statements_table.storage_options["AWS_ALLOW_HTTP"] == "true"
