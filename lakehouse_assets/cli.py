@@ -63,6 +63,18 @@ def _input(path: str) -> Iterator[tuple[IO[bytes], str]]:
         yield fh, str(p)
 
 
+def bulk_input_options(help: str) -> Callable[[F], F]:
+    """``--input/-i`` (file or - for stdin) and ``--origin/-o`` of bulk writes."""
+
+    def decorate(func: F) -> F:
+        func = click.option("--origin", "-o", default=cv.DEFAULT_ORIGIN, show_default=True)(func)
+        return click.option("--input", "-i", "path", default="-", show_default=True, help=help)(
+            func
+        )
+
+    return decorate
+
+
 @click.group(cls=LakehouseGroup)
 @click.option(
     "--lake",
@@ -189,15 +201,7 @@ def entities() -> None:
 
 
 @entities.command("write")
-@click.option(
-    "--input",
-    "-i",
-    "path",
-    default="-",
-    show_default=True,
-    help="FtM JSON lines file or - for stdin.",
-)
-@click.option("--origin", "-o", default=cv.DEFAULT_ORIGIN, show_default=True)
+@bulk_input_options("FtM JSON lines file or - for stdin.")
 @pass_ctx
 def entities_write(obj: Context, path: str, origin: str) -> None:
     """Validate and write FtM entities (one JSON object per line); all or nothing."""
@@ -228,15 +232,7 @@ def statements() -> None:
 
 
 @statements.command("write")
-@click.option(
-    "--input",
-    "-i",
-    "path",
-    default="-",
-    show_default=True,
-    help="Statement CSV file or - for stdin.",
-)
-@click.option("--origin", "-o", default=cv.DEFAULT_ORIGIN, show_default=True)
+@bulk_input_options("Statement CSV file or - for stdin.")
 @pass_ctx
 def statements_write(obj: Context, path: str, origin: str) -> None:
     """Validate and write statements (followthemoney CSV); all or nothing."""

@@ -126,34 +126,38 @@ class LocalStore(Store):
         target.parent.mkdir(parents=True, exist_ok=True)
         return tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
 
-    def write_bytes(self, path: str, data: bytes) -> None:
-        target = self._path(path)
+    def _write_temp(self, target: Path, data: bytes) -> Path:
+        """Durably write ``data`` to a temp file beside ``target``."""
         fd, tmp = self._tempfile(target)
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
+            raise
+        return Path(tmp)
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        target = self._path(path)
+        tmp = self._write_temp(target, data)
+        try:
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
             raise
 
     def put_if_absent(self, path: str, data: bytes) -> bool:
         target = self._path(path)
-        fd, tmp = self._tempfile(target)
+        tmp = self._write_temp(target, data)
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            try:
-                os.link(tmp, target)  # atomic, fails if target exists
-            except FileExistsError:
-                return False
-            return True
+            os.link(tmp, target)  # atomic, fails if target exists
+        except FileExistsError:
+            return False
         finally:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
+        return True
 
     def put_file(self, path: str, local: Path) -> None:
         target = self._path(path)
