@@ -11,7 +11,9 @@ and peak memory.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -29,11 +31,15 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="lakehouse-bench-"))
     data = write(Path(tempfile.gettempdir()) / f"kek-{args.statements}.ftm.json", args.statements)
     lake = Lakehouse(work / "lake", journal_url=args.journal_url)
-    ds = lake.create_dataset("bench")
-    start = time.perf_counter()
-    with data.open("rb") as fh:
-        bulk = ds.write_entities(fh, origin="bench", source=str(data), workers=args.workers)
-    elapsed = time.perf_counter() - start
+    ds = lake.create_dataset(f"bench_{os.getpid()}")
+    try:
+        start = time.perf_counter()
+        with data.open("rb") as fh:
+            bulk = ds.write_entities(fh, origin="bench", source=str(data), workers=args.workers)
+        elapsed = time.perf_counter() - start
+    finally:
+        lake.journal.clear(ds.name)  # a shared (PostgreSQL) journal keeps nothing
+        shutil.rmtree(work, ignore_errors=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(

@@ -18,7 +18,7 @@ from itertools import islice
 from typing import IO
 
 from lakehouse_assets.entities import entity_statements, parse_line
-from lakehouse_assets.journal import Row, bucket_of
+from lakehouse_assets.journal import Row, bucket_of, statement_row
 
 #: Lines per chunk sent to a worker: big enough to amortise pickling,
 #: small enough to keep memory flat and the progress bar moving.
@@ -59,27 +59,7 @@ def convert_chunk(chunk: Chunk) -> ChunkResult:
             proxy, dataset=chunk.dataset, origin=chunk.origin, seen=chunk.seen
         )
         bucket = bucket_of(stmts[0].canonical_id)
-        for s in stmts:
-            rows.append(
-                (
-                    chunk.dataset,
-                    bucket,
-                    chunk.origin,
-                    s.canonical_id,
-                    s.entity_id,
-                    s.id,
-                    s.prop,
-                    s.prop_type,
-                    s.schema,
-                    s.value,
-                    s.lang,
-                    s.original_value,
-                    False,
-                    chunk.seen,
-                    chunk.seen,
-                    None,
-                )
-            )
+        rows.extend(statement_row(s, chunk.dataset, chunk.origin, bucket=bucket) for s in stmts)
     return ChunkResult(rows, entities, len(chunk.lines))
 
 

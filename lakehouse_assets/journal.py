@@ -41,8 +41,6 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
-from lakehouse_assets import conventions as cv
-
 #: Statements are spread over this many buckets by canonical id; flush reads
 #: whole buckets, so an entity's statements always arrive in the same batch.
 BUCKETS = 256
@@ -85,11 +83,20 @@ def bucket_of(canonical_id: str) -> int:
     return zlib.crc32(canonical_id.encode("utf-8")) % BUCKETS
 
 
-def statement_row(stmt: Statement, dataset: str, origin: str, deleted_at: str | None = None) -> Row:
-    """A journal row for a statement (origin is required in the journal)."""
+def statement_row(
+    stmt: Statement,
+    dataset: str,
+    origin: str,
+    deleted_at: str | None = None,
+    bucket: int | None = None,
+) -> Row:
+    """A journal row for a statement (origin is required in the journal).
+
+    ``bucket`` may be passed when the caller already computed it for the entity.
+    """
     return (
         dataset,
-        bucket_of(stmt.canonical_id),
+        bucket_of(stmt.canonical_id) if bucket is None else bucket,
         stmt.origin or origin,
         stmt.canonical_id,
         stmt.entity_id,
@@ -317,15 +324,3 @@ class Journal:
 def iso(ts: datetime) -> str:
     """Statement timestamps as followthemoney writes them (seconds, UTC)."""
     return ts.strftime("%Y-%m-%dT%H:%M:%S")
-
-
-__all__ = [
-    "BUCKETS",
-    "COLUMNS",
-    "Journal",
-    "bucket_of",
-    "cv",
-    "iso",
-    "row_statement",
-    "statement_row",
-]

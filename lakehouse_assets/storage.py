@@ -30,15 +30,16 @@ from lakehouse_assets.settings import Settings
 
 
 def _clean(path: str) -> str:
-    """Refuse any path that could leave the lake, whatever built it."""
+    """Refuse any path that could leave the lake, whatever built it.
+
+    A trailing slash (a prefix) is allowed; empty, ``.`` and ``..`` segments,
+    absolute paths, backslashes and NUL bytes are not.
+    """
     if "\x00" in path or path.startswith("/") or "\\" in path:
         raise InvalidNameError(f"Unsafe lake path {path!r}")
-    parts = path.split("/")
-    if any(p in ("", ".", "..") for p in parts if p != parts[-1] or p != ""):
-        # allow a trailing slash (prefixes) but no empty/dot segments inside
-        inner = parts[:-1] if parts[-1] == "" else parts
-        if any(p in ("", ".", "..") for p in inner):
-            raise InvalidNameError(f"Unsafe lake path {path!r}")
+    segments = path.removesuffix("/").split("/")
+    if any(seg in ("", ".", "..") for seg in segments):
+        raise InvalidNameError(f"Unsafe lake path {path!r}")
     return path
 
 

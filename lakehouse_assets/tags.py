@@ -9,7 +9,7 @@ history of materializations, the tags let tenants and the CLI decide too.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import SourceNotFoundError
@@ -45,8 +45,6 @@ class Tags:
         now = cv.utcnow()
         prev = self.get(key)
         if prev is not None and prev >= now:
-            from datetime import timedelta
-
             now = prev + timedelta(microseconds=1)
         return self.set(key, now)
 
