@@ -31,7 +31,7 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.archive import Archive, FileMeta
 from lakehouse_assets.delta import DeltaLocation
 from lakehouse_assets.entities import entity_statements, make_statement, validate_entity
-from lakehouse_assets.errors import DatasetNotFoundError, InvalidInputError, SourceNotFoundError
+from lakehouse_assets.errors import DatasetNotFoundError, InvalidInputError
 from lakehouse_assets.ingest import convert_lines
 from lakehouse_assets.jobs import JobRecorder, record_job
 from lakehouse_assets.journal import Journal, Row, iso, statement_row
@@ -387,4 +387,4 @@ def document_entity(meta: FileMeta) -> EntityProxy:
     return proxy
 
 
-__all__ = ["BulkWriter", "Dataset", "Lakehouse", "SourceNotFoundError", "document_entity"]
+__all__ = ["BulkWriter", "Dataset", "Lakehouse", "document_entity"]
