@@ -276,6 +276,138 @@ def jobs_ls(obj: Context, job_type: str) -> None:
         click.echo(json.dumps(run.model_dump(mode="json")))
 
 
+# --- data plane ---------------------------------------------------------------
+
+
+def _echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, default=str))
+
+
+@cli.command("flush")
+@click.option("--batch-rows", type=int, default=None, help="Journal rows per batch.")
+@pass_ctx
+def flush_cmd(obj: Context, batch_rows: int | None) -> None:
+    """Move the journal into the Delta tables; prints what was done as JSON."""
+    _echo_json(obj.dataset().flush(batch_rows=batch_rows).as_dict())
+
+
+@cli.command("compact")
+@pass_ctx
+def compact_cmd(obj: Context) -> None:
+    """Apply the translog to the main table (drop deleted rows)."""
+    _echo_json(obj.dataset().compact().as_dict())
+
+
+@cli.command("optimize")
+@click.option("--vacuum", is_flag=True, help="Also delete files no version needs any more.")
+@click.option(
+    "--retention-hours",
+    type=click.IntRange(min=0),
+    default=None,
+    help="vacuum retention (default LAKEHOUSE_VACUUM_RETENTION_HOURS, 168).",
+)
+@pass_ctx
+def optimize_cmd(obj: Context, vacuum: bool, retention_hours: int | None) -> None:
+    """Merge small Parquet files (and optionally vacuum)."""
+    _echo_json(obj.dataset().optimize(vacuum=vacuum, retention_hours=retention_hours).as_dict())
+
+
+EXPORT_KINDS = ("statements", "entities", "statistics", "index")
+
+
+def _report(result: Any) -> None:
+    _echo_json(
+        {
+            "written": result.written,
+            "skipped": result.skipped,
+            "flushed": result.flushed,
+            "seconds": round(result.seconds, 3),
+        }
+    )
+
+
+@cli.command("export")
+@click.argument("kinds", nargs=-1, type=click.Choice([*EXPORT_KINDS, "all"]))
+@click.option("--force", is_flag=True, help="Export even when the export is fresh.")
+@pass_ctx
+def export_cmd(obj: Context, kinds: tuple[str, ...], force: bool) -> None:
+    """Write exports (default: all) unless they are fresh."""
+    chosen = list(EXPORT_KINDS) if not kinds or "all" in kinds else list(kinds)
+    _report(obj.dataset().export(chosen, force=force))
+
+
+@cli.command("make")
+@click.option("--force", is_flag=True, help="Re-export even fresh exports.")
+@pass_ctx
+def make_cmd(obj: Context, force: bool) -> None:
+    """Flush if needed, then every export that is not fresh."""
+    _report(obj.dataset().make(force=force))
+
+
+@cli.command("get")
+@click.argument("entity_id")
+@click.option("--origin", "-o", default=None, help="Only statements of this origin.")
+@click.option("--flush/--no-flush", default=False, show_default=True)
+@pass_ctx
+def get_cmd(obj: Context, entity_id: str, origin: str | None, flush: bool) -> None:
+    """Print one entity as FtM JSON (exit 1 if it does not exist)."""
+    ds = obj.dataset()
+    entity = ds.get_entity(entity_id, origin=origin, flush=flush)
+    if entity is None:
+        raise click.ClickException(f"no entity {entity_id!r} in dataset {ds.name!r}")
+    _echo_json(entity.to_dict())
+
+
+@cli.command("query")
+@click.option("--id", "entity_ids", multiple=True, help="Entity id (repeatable).")
+@click.option("--origin", "-o", default=None, help="Only statements of this origin.")
+@click.option("--schema", "-s", "schemata", multiple=True, help="FtM schema (repeatable).")
+@click.option(
+    "--prop",
+    "-p",
+    "props",
+    multiple=True,
+    help="PROPERTY=VALUE filter (repeatable, all must match).",
+)
+@click.option("--flush/--no-flush", default=True, show_default=True)
+@pass_ctx
+def query_cmd(
+    obj: Context,
+    entity_ids: tuple[str, ...],
+    origin: str | None,
+    schemata: tuple[str, ...],
+    props: tuple[str, ...],
+    flush: bool,
+) -> None:
+    """Print matching entities as FtM JSON lines (filters are ftmq queries)."""
+    from ftmq.query import M, P, Query
+
+    q: Query | None = None
+    if schemata or props:
+        q = Query()
+        if schemata:
+            q = q.where(M(schema__in=list(schemata)))
+        for item in props:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise click.BadParameter(
+                    f"expected PROPERTY=VALUE, got {item!r}", param_hint="--prop"
+                )
+            q = q.where(P(**{key: value}))
+    for entity in obj.dataset().query(
+        q, entity_ids=list(entity_ids) or None, origin=origin, flush=flush
+    ):
+        _echo_json(entity.to_dict())
+
+
+@cli.command("stream")
+@pass_ctx
+def stream_cmd(obj: Context) -> None:
+    """Print the entities of the last entities.ftm.json export."""
+    for data in obj.dataset().stream_entities():
+        _echo_json(data)
+
+
 def main() -> None:
     cli(prog_name="lakehouse")
 

@@ -14,11 +14,11 @@ Example:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from functools import cached_property
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 from followthemoney import model
@@ -39,6 +39,14 @@ from lakehouse_assets.locks import Lock, dataset_lock, operation_lock
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.storage import Store, open_store
 from lakehouse_assets.tags import Tags
+
+if TYPE_CHECKING:
+    from followthemoney.statement.entity import StatementEntity
+    from ftmq.query import Query
+
+    from lakehouse_assets.exports import ExportResult
+    from lakehouse_assets.flush import FlushResult
+    from lakehouse_assets.maintenance import CompactResult, OptimizeResult
 
 
 class Lakehouse:
@@ -251,8 +259,16 @@ class Dataset:
             return bulk.count
 
     def stored_statements(self, entity_id: str) -> list[Statement]:
-        """Live statements of an entity in the journal (and, once flushed, the table)."""
-        return self.journal.live_entity_statements(self.name, entity_id)
+        """Live statements of an entity: in the Delta table and still in the journal."""
+        from lakehouse_assets.query import live_statements, to_statements
+
+        found: dict[tuple[str | None, str | None], Statement] = {}
+        table = live_statements(self, entity_ids=[entity_id])
+        for stmt in to_statements(table):
+            found[(stmt.origin, stmt.id)] = stmt
+        for stmt in self.journal.live_entity_statements(self.name, entity_id):
+            found[(stmt.origin, stmt.id)] = stmt
+        return list(found.values())
 
     def delete_entity(self, entity_id: str, origin: str | None = None) -> int:
         """Tombstone every statement of an entity; returns how many."""
@@ -276,6 +292,62 @@ class Dataset:
         row = statement_row(stmt, self.name, origin, deleted_at=iso(cv.utcnow()))
         self.journal.write([row])
         self.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
+
+    # --- data plane (Spark for batch work, DuckDB for reads) -------------
+
+    def flush(self, batch_rows: int | None = None) -> FlushResult:
+        """Move the journal into the Delta statements table and translog."""
+        from lakehouse_assets.flush import flush
+
+        return flush(self, batch_rows=batch_rows)
+
+    def compact(self) -> CompactResult:
+        from lakehouse_assets.maintenance import compact
+
+        return compact(self)
+
+    def optimize(
+        self, *, vacuum: bool = False, retention_hours: int | None = None
+    ) -> OptimizeResult:
+        from lakehouse_assets.maintenance import optimize
+
+        return optimize(self, vacuum=vacuum, retention_hours=retention_hours)
+
+    def export(self, kinds: Sequence[str], force: bool = False) -> ExportResult:
+        """Run exports by kind (``statements``, ``entities``, ``statistics``, ``index``)."""
+        from lakehouse_assets.exports import export
+
+        return export(self, kinds, force=force)
+
+    def make(self, force: bool = False) -> ExportResult:
+        """Flush if needed, then every export that is not fresh."""
+        from lakehouse_assets.exports import make
+
+        return make(self, force=force)
+
+    def query(
+        self,
+        q: Query | None = None,
+        *,
+        entity_ids: Sequence[str] | None = None,
+        origin: str | None = None,
+        flush: bool = True,
+    ) -> Iterator[StatementEntity]:
+        from lakehouse_assets.query import query
+
+        return query(self, q, entity_ids=entity_ids, origin=origin, flush=flush)
+
+    def get_entity(
+        self, entity_id: str, *, origin: str | None = None, flush: bool = False
+    ) -> StatementEntity | None:
+        from lakehouse_assets.query import get_entity
+
+        return get_entity(self, entity_id, origin=origin, flush=flush)
+
+    def stream_entities(self) -> Iterator[dict[str, Any]]:
+        from lakehouse_assets.query import stream_entities
+
+        return stream_entities(self)
 
 
 class BulkWriter:

@@ -30,6 +30,11 @@ class Settings(BaseSettings):
             "~/.cache/lakehouse/ for an s3:// lake. postgresql://... for a server."
         ),
     )
+    public_url: str | None = Field(
+        default=None,
+        description="http(s) base URL where the lake is published; resource links in "
+        "index.json use it (they carry lake-relative paths either way).",
+    )
     tenant: str = Field(
         default="lakehouse",
         description="The tenant this process acts as (namespaces its tags and locks).",
@@ -53,6 +58,15 @@ class Settings(BaseSettings):
     # --- journal ---
     journal_batch_size: int = Field(
         default=10_000, description="Rows per INSERT batch when writing to the journal."
+    )
+    # --- flush ---
+    flush_batch_rows: int = Field(
+        default=1_000_000,
+        description="Journal rows per flush batch (bounds the memory a flush needs).",
+    )
+    vacuum_retention_hours: int = Field(
+        default=168,
+        description="vacuum keeps files a version younger than this still needs.",
     )
     # --- spark ---
     spark_master: str = Field(

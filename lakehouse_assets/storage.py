@@ -103,6 +103,16 @@ class Store(ABC):
         return sorted(n for n in names if n)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+#: Mode of files written into a local lake (0644 under the usual umask).
+_FILE_MODE = 0o666 & ~_umask()
+
+
 class LocalStore(Store):
     """A lake in a local folder."""
 
@@ -125,7 +135,9 @@ class LocalStore(Store):
 
     def _tempfile(self, target: Path) -> tuple[int, str]:
         target.parent.mkdir(parents=True, exist_ok=True)
-        return tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.fchmod(fd, _FILE_MODE)  # mkstemp makes 0600; lake files are shared
+        return fd, name
 
     def _write_temp(self, target: Path, data: bytes) -> Path:
         """Durably write ``data`` to a temp file beside ``target``."""
@@ -163,6 +175,7 @@ class LocalStore(Store):
     def put_file(self, path: str, local: Path) -> None:
         target = self._path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(local, _FILE_MODE)
         try:
             os.replace(local, target)
         except OSError:  # other device: copy next to target, then rename

@@ -33,6 +33,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
         "spark.ui.enabled": str(settings.spark_ui_enabled).lower(),
         "spark.sql.session.timeZone": "UTC",
+        "spark.ui.showConsoleProgress": "false",
         # Delta expects microsecond timestamps (Spark's default is INT96).
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.sql.execution.arrow.pyspark.enabled": "true",

@@ -1,0 +1,492 @@
+"""The four exports: statements.csv, entities.ftm.json, statistics.json, index.json.
+
+statements.csv, entities.ftm.json and statistics.json come from one Spark
+pass over the live statements, range-partitioned and sorted by
+``(canonical_id, prop, value, origin, id)``. Each task walks its sorted rows
+once and writes what was asked for:
+
+- CSV rows in followthemoney's statement CSV columns and dialect;
+- one entity per line, built by followthemoney itself
+  (``StatementEntity.from_statements`` + its ``write_entity``), so the export
+  equals followthemoney's aggregation of the same statements;
+- partial statistics from ftmq's own ``Collector``, merged on the driver into
+  a ``DatasetStats``.
+
+Tasks write part files into a staging folder of the lake; the driver joins
+the parts in partition order (range partitioning makes that the global
+order), hashes them on the way, and replaces the target in one atomic step,
+so a crash mid-export leaves the previous file as it was.
+
+Statements are identified by their id: a statement written by two origins
+is exported once (the first origin in sort order), as followthemoney's
+aggregation does.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from followthemoney.dataset.resource import DataResource
+from followthemoney.statement.serialize import CSV_COLUMNS
+from ftmq.model.stats import Collector, DatasetStats
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets.flush import ensure_flush
+from lakehouse_assets.spark.delta_io import read_snapshot
+from lakehouse_assets.spark.session import get_spark
+from lakehouse_assets.storage import LocalStore
+from lakehouse_assets.tables import (
+    STATEMENT_FIELDS,
+    STATEMENTS_PARTITION,
+    STATEMENTS_SCHEMA,
+    TRANSLOG_SCHEMA,
+    Snapshot,
+    arrow_filesystem,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from lakehouse_assets.lake import Dataset
+
+STATEMENTS = "statements"
+ENTITIES = "entities"
+STATISTICS = "statistics"
+INDEX = "index"
+
+#: Export kind → (lake path under the dataset, its tag, mime type).
+EXPORTS: dict[str, tuple[str, str, str]] = {
+    STATEMENTS: (cv.STATEMENTS_CSV, cv.EXPORTS_STATEMENTS, "text/csv"),
+    ENTITIES: (cv.ENTITIES_JSON, cv.EXPORTS_ENTITIES, "application/json+ftm"),
+    STATISTICS: (cv.STATISTICS_JSON, cv.EXPORTS_STATISTICS, "application/json"),
+    INDEX: (cv.INDEX, cv.EXPORTS_INDEX, "application/json"),
+}
+
+#: What every export depends on (the spec's freshness rule).
+FRESHNESS_DEPENDENCIES = (cv.STATEMENTS_LAST_UPDATED, cv.JOURNAL_LAST_UPDATED)
+
+STAGING = ".staging"
+
+
+@dataclass
+class ExportResult:
+    """What an export run did, per kind: skipped (fresh) or written."""
+
+    written: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    flushed: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+
+def is_fresh(ds: Dataset, kind: str) -> bool:
+    """True if the export exists and its tag is newer than the data it comes from."""
+    path, tag, _ = EXPORTS[kind]
+    deps: Sequence[str] = FRESHNESS_DEPENDENCIES
+    if kind == INDEX:
+        deps = (*FRESHNESS_DEPENDENCIES, cv.EXPORTS_STATISTICS)
+    return ds.store.exists(cv.dataset_path(ds.name, path)) and ds.core_tags.is_latest(tag, deps)
+
+
+# --- reading live statements in Spark ---------------------------------------
+
+
+def live_frame(spark: SparkSession, ds: Dataset) -> DataFrame:
+    """Live statements: main rows not deleted in the translog, seen range from it."""
+    from pyspark.sql import functions as F
+
+    options = ds.statements_table.storage_options
+    main = read_snapshot(
+        spark,
+        Snapshot.load(ds.statements_table).files,
+        STATEMENTS_SCHEMA,
+        options,
+        partition=STATEMENTS_PARTITION,
+    )
+    log = read_snapshot(
+        spark, Snapshot.load(ds.translog_table).files, TRANSLOG_SCHEMA, options
+    ).select(
+        "origin",
+        "id",
+        F.col("first_seen").alias("t_first"),
+        F.col("last_seen").alias("t_last"),
+        "deleted_at",
+    )
+    return (
+        main.join(log, ["origin", "id"], "left")
+        .where(F.col("deleted_at").isNull())
+        .select(
+            *[c for c in STATEMENT_FIELDS if c not in ("first_seen", "last_seen")],
+            F.coalesce("t_first", "first_seen").alias("first_seen"),
+            F.coalesce("t_last", "last_seen").alias("last_seen"),
+            "bucket",
+            "origin",
+        )
+    )
+
+
+# --- the Spark pass ----------------------------------------------------------
+
+SORT = ("canonical_id", "prop", "value", "origin", "id")
+TASK_RESULT = "part long, csv string, json string, rows long, entities long, stats string"
+
+
+def _export_task(
+    staging_uri: str, storage: dict[str, str], dataset: str, kinds: frozenset[str]
+) -> Any:
+    """The function each Spark task runs over its sorted rows (see module docstring)."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from followthemoney.cli.util import write_entity
+        from followthemoney.dataset import Dataset as FtmDataset
+        from followthemoney.statement import Statement
+        from followthemoney.statement.entity import StatementEntity
+        from pyspark import TaskContext
+        from rigour.boolean import bool_text
+
+        ctx = TaskContext.get()
+        part = ctx.partitionId() if ctx is not None else 0
+        fs, root = arrow_filesystem(staging_uri, storage)
+        meta = FtmDataset.make({"name": dataset, "title": dataset})
+        csv_path = f"{root}/statements-{part:05d}.csv"
+        json_path = f"{root}/entities-{part:05d}.json"
+        csv_raw = fs.open_output_stream(csv_path) if STATEMENTS in kinds else None
+        csv_fh = io.TextIOWrapper(csv_raw, encoding="utf-8", newline="") if csv_raw else None
+        writer = csv.writer(csv_fh, dialect=csv.unix_dialect) if csv_fh else None
+        json_fh = fs.open_output_stream(json_path) if ENTITIES in kinds else None
+        collector = Collector() if STATISTICS in kinds else None  # type: ignore[no-untyped-call]
+        need_entities = json_fh is not None or collector is not None
+        rows = entities = 0
+        current: list[Statement] = []
+        current_id: str | None = None
+        seen: set[str] = set()
+
+        def emit() -> None:
+            nonlocal entities
+            if not current:
+                return
+            entity = StatementEntity.from_statements(meta, current)
+            entities += 1
+            if json_fh is not None:
+                write_entity(json_fh, entity)
+            if collector is not None:
+                collector.collect(entity)
+
+        for batch in batches:
+            cols = batch.to_pydict()
+            for i in range(batch.num_rows):
+                canonical = cols["canonical_id"][i]
+                if canonical != current_id:
+                    if need_entities:
+                        emit()
+                    current = []
+                    current_id = canonical
+                    seen = set()
+                sid = cols["id"][i]
+                if sid in seen:  # the same statement from another origin
+                    continue
+                seen.add(sid)
+                rows += 1
+                if writer is not None:
+                    writer.writerow(
+                        [
+                            canonical,
+                            cols["entity_id"][i],
+                            cols["prop"][i],
+                            cols["prop_type"][i],
+                            cols["schema"][i],
+                            cols["value"][i],
+                            cols["dataset"][i],
+                            cols["origin"][i],
+                            cols["lang"][i],
+                            cols["original_value"][i],
+                            bool_text(cols["external"][i]),
+                            cols["first_seen"][i],
+                            cols["last_seen"][i],
+                            sid,
+                        ]
+                    )
+                if need_entities:
+                    current.append(
+                        Statement(
+                            id=sid,
+                            entity_id=cols["entity_id"][i],
+                            canonical_id=canonical,
+                            prop=cols["prop"][i],
+                            schema=cols["schema"][i],
+                            value=cols["value"][i],
+                            dataset=cols["dataset"][i],
+                            lang=cols["lang"][i],
+                            original_value=cols["original_value"][i],
+                            external=bool(cols["external"][i]),
+                            first_seen=cols["first_seen"][i],
+                            last_seen=cols["last_seen"][i],
+                            origin=cols["origin"][i],
+                        )
+                    )
+        if need_entities:
+            emit()
+        if csv_fh is not None:
+            csv_fh.close()
+        if json_fh is not None:
+            json_fh.close()
+        stats = None
+        if collector is not None:
+            stats = json.dumps(
+                {
+                    "entity_count": collector.entity_count,
+                    "things": collector.things,
+                    "things_countries": collector.things_countries,
+                    "intervals": collector.intervals,
+                    "intervals_countries": collector.intervals_countries,
+                    "start": min(collector.start) if collector.start else None,
+                    "end": max(collector.end) if collector.end else None,
+                }
+            )
+        yield pa.RecordBatch.from_pydict(
+            {
+                "part": [part],
+                "csv": [csv_path if csv_fh is not None else None],
+                "json": [json_path if json_fh is not None else None],
+                "rows": [rows],
+                "entities": [entities],
+                "stats": [stats],
+            }
+        )
+
+    return run
+
+
+def merge_stats(partials: Sequence[str]) -> DatasetStats:
+    """Combine the tasks' partial ftmq collectors into one ``DatasetStats``."""
+    total = Collector()  # type: ignore[no-untyped-call]
+    for raw in partials:
+        data = json.loads(raw)
+        total.entity_count += data["entity_count"]
+        for name in ("things", "things_countries", "intervals", "intervals_countries"):
+            getattr(total, name).update(Counter(data[name]))
+        if data["start"] is not None:
+            total.start.add(data["start"])
+        if data["end"] is not None:
+            total.end.add(data["end"])
+    return total.export()
+
+
+@dataclass
+class _Written:
+    path: str
+    size: int
+    sha256: str
+
+
+def _assemble(ds: Dataset, parts: Sequence[str], target: str, header: bytes = b"") -> _Written:
+    """Join part files (in order) into ``target``, atomically; hash on the way."""
+    store = ds.store
+    options = ds.statements_table.storage_options
+    digest = hashlib.sha256()
+    tmp_dir = (
+        store.local_path(cv.dataset_path(ds.name, STAGING))
+        if isinstance(store, LocalStore)
+        else None
+    )
+    if tmp_dir is not None:
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix="assemble-", dir=tmp_dir)
+    size = 0
+    with open(fd, "wb") as out:
+        out.write(header)
+        digest.update(header)
+        size += len(header)
+        for uri in parts:
+            fs, path = arrow_filesystem(uri, options)
+            with fs.open_input_stream(path) as src:
+                while chunk := src.read(8 * 1024 * 1024):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    size += len(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    store.put_file(cv.dataset_path(ds.name, target), Path(tmp_name))
+    return _Written(target, size, digest.hexdigest())
+
+
+def _csv_header() -> bytes:
+    buf = io.StringIO(newline="")
+    csv.writer(buf, dialect=csv.unix_dialect).writerow(CSV_COLUMNS)
+    return buf.getvalue().encode("utf-8")
+
+
+def _run_pass(ds: Dataset, kinds: frozenset[str]) -> dict[str, dict[str, Any]]:
+    """One Spark pass writing the requested kinds (statements/entities/statistics)."""
+    from pyspark.sql import functions as F
+
+    spark = get_spark(ds.settings)
+    staging_rel = cv.dataset_path(ds.name, STAGING, f"export-{uuid.uuid4().hex}")
+    staging_uri = ds.store.full_uri(staging_rel)
+    options = dict(ds.statements_table.storage_options)
+    fs, root = arrow_filesystem(staging_uri, options)
+    fs.create_dir(root, recursive=True)
+    try:
+        live = live_frame(spark, ds)
+        partitions = max(1, ds.settings.spark_shuffle_partitions)
+        ordered = live.repartitionByRange(partitions, "canonical_id").sortWithinPartitions(
+            *[F.col(c) for c in SORT]
+        )
+        task = _export_task(staging_uri, options, ds.name, kinds)
+        results = sorted(ordered.mapInArrow(task, TASK_RESULT).collect(), key=lambda r: r["part"])
+        out: dict[str, dict[str, Any]] = {}
+        rows = sum(r["rows"] for r in results)
+        entity_count = sum(r["entities"] for r in results)
+        now = cv.utcnow()
+        if STATEMENTS in kinds:
+            parts = [_uri(staging_uri, r["csv"], root) for r in results if r["csv"]]
+            w = _assemble(ds, parts, cv.STATEMENTS_CSV, header=_csv_header())
+            out[STATEMENTS] = {"rows": rows, **_describe(w)}
+        if ENTITIES in kinds:
+            parts = [_uri(staging_uri, r["json"], root) for r in results if r["json"]]
+            w = _assemble(ds, parts, cv.ENTITIES_JSON)
+            out[ENTITIES] = {"rows": entity_count, **_describe(w)}
+        if STATISTICS in kinds:
+            stats = merge_stats([r["stats"] for r in results if r["stats"]])
+            text = stats.model_dump_json(indent=2)
+            path = cv.dataset_path(ds.name, cv.STATISTICS_JSON)
+            ds.store.write_text(path, text)
+            ds.store.write_text(cv.dataset_version(ds.name, "statistics.json", now), text)
+            data = text.encode("utf-8")
+            out[STATISTICS] = {
+                "rows": stats.entity_count,
+                "path": cv.STATISTICS_JSON,
+                "size": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "stats": json.loads(text),
+            }
+        return out
+    finally:
+        _remove_tree(ds, staging_rel)
+
+
+def _uri(staging_uri: str, task_path: str, root: str) -> str:
+    """Back from a task's filesystem path to a URI the driver can open."""
+    return staging_uri.rstrip("/") + task_path[len(root.rstrip("/")) :]
+
+
+def _describe(w: _Written) -> dict[str, Any]:
+    return {"path": w.path, "size": w.size, "sha256": w.sha256}
+
+
+def _remove_tree(ds: Dataset, rel: str) -> None:
+    if isinstance(ds.store, LocalStore):
+        shutil.rmtree(ds.store.local_path(rel), ignore_errors=True)
+    else:
+        for path in list(ds.store.list(rel)):
+            ds.store.delete(path)
+
+
+# --- operations ---------------------------------------------------------------
+
+
+def export(
+    ds: Dataset, kinds: Sequence[str] = (STATEMENTS, ENTITIES, STATISTICS), force: bool = False
+) -> ExportResult:
+    """Run the given exports that are not fresh (all of them with ``force``).
+
+    Flushes first when the journal holds anything newer than the last flush;
+    the exports that need Spark share one pass.
+    """
+    clock = time.monotonic()
+    result = ExportResult()
+    unknown = set(kinds) - set(EXPORTS)
+    if unknown:
+        raise ValueError(f"Unknown export(s) {sorted(unknown)}; choose from {sorted(EXPORTS)}")
+    flushed = ensure_flush(ds)
+    result.flushed = flushed.as_dict() if flushed is not None else None
+    with ds.operation_lock("export"):
+        spark_kinds = frozenset(k for k in kinds if k != INDEX and (force or not is_fresh(ds, k)))
+        result.skipped = [k for k in kinds if k != INDEX and k not in spark_kinds]
+        if spark_kinds:
+            result.written.update(_run_pass(ds, spark_kinds))
+            for kind in spark_kinds:
+                ds.core_tags.touch(EXPORTS[kind][1])
+        if INDEX in kinds:
+            if force or not is_fresh(ds, INDEX) or spark_kinds:
+                result.written[INDEX] = export_index(ds)
+            else:
+                result.skipped.append(INDEX)
+    result.seconds = time.monotonic() - clock
+    return result
+
+
+def export_statements(ds: Dataset, force: bool = False) -> ExportResult:
+    return export(ds, [STATEMENTS], force)
+
+
+def export_entities(ds: Dataset, force: bool = False) -> ExportResult:
+    return export(ds, [ENTITIES], force)
+
+
+def export_statistics(ds: Dataset, force: bool = False) -> ExportResult:
+    return export(ds, [STATISTICS], force)
+
+
+def make(ds: Dataset, force: bool = False) -> ExportResult:
+    """Flush if needed, then every export that is not fresh, then index.json."""
+    return export(ds, [STATEMENTS, ENTITIES, STATISTICS, INDEX], force)
+
+
+def _resource(ds: Dataset, kind: str) -> dict[str, Any] | None:
+    path, tag, mime = EXPORTS[kind]
+    full = cv.dataset_path(ds.name, path)
+    if not ds.store.exists(full):
+        return None
+    digest = hashlib.sha256()
+    with ds.store.open_read(full) as fh:
+        while chunk := fh.read(8 * 1024 * 1024):
+            digest.update(chunk)
+    resource = DataResource(
+        name=path.rsplit("/", 1)[-1],
+        url=f"{ds.settings.public_url.rstrip('/')}/{full}" if ds.settings.public_url else None,
+        checksum=digest.hexdigest(),
+        timestamp=ds.core_tags.get(tag),
+        mime_type=mime,
+        size=ds.store.size(full),
+    )
+    return {**resource.model_dump(mode="json", exclude_none=True), "path": path}
+
+
+def export_index(ds: Dataset) -> dict[str, Any]:
+    """Write ``index.json`` (dataset metadata, stats, resource links) and a versioned copy."""
+    config = ds.config()
+    stats_path = cv.dataset_path(ds.name, cv.STATISTICS_JSON)
+    stats = json.loads(ds.store.read_text(stats_path)) if ds.store.exists(stats_path) else None
+    resources = [r for k in (STATEMENTS, ENTITIES, STATISTICS) if (r := _resource(ds, k))]
+    now = cv.utcnow()
+    data = config.model_dump(mode="json", exclude_none=True, exclude={"resources"})
+    data.update(
+        {
+            "updated_at": now.isoformat(),
+            "last_export": now.isoformat(),
+            "resources": resources,
+        }
+    )
+    if stats is not None:
+        data["entity_count"] = stats.get("entity_count")
+        data["thing_count"] = (stats.get("things") or {}).get("total")
+        data["statistics"] = stats
+    text = json.dumps(data, indent=2, sort_keys=False)
+    ds.store.write_text(cv.dataset_path(ds.name, cv.INDEX), text)
+    ds.store.write_text(cv.dataset_version(ds.name, "index.json", now), text)
+    ds.core_tags.touch(cv.EXPORTS_INDEX)
+    return {"path": cv.INDEX, "size": len(text.encode()), "resources": len(resources)}

@@ -1,0 +1,348 @@
+"""Flush: move the journal into the Delta statements table and the translog.
+
+The specification's process, made crash-safe:
+
+1. Read the journal rows of a dataset up to ``max_seq``, bucket by bucket, in
+   (bucket, origin, canonical_id) order; group buckets into batches of about
+   ``flush_batch_rows`` rows so memory stays bounded whatever the backlog.
+2. Per batch, in Spark: reduce the events to one row per statement
+   (``origin``, ``id``): its columns from the first write, the earliest
+   ``first_seen``, the latest ``last_seen``, and the last event's
+   ``deleted_at`` (a tombstone, or NULL when the statement was written last).
+3. Statements not yet in the main table (checked against the table itself,
+   only the batch's buckets) are **new**: Spark's tasks write them as
+   Parquet, delta-rs commits them (one append).
+4. The translog gets one row per statement that is in the main table:
+   ``first_seen``/``last_seen`` widened, ``deleted_at`` from the last event.
+   This is a delta-rs MERGE (one commit).
+5. Only then are the batch's journal rows deleted.
+
+Why this survives a crash anywhere: newness is decided against the main
+table, so a retry after step 3 finds the statements there and does not
+append them twice; the translog update is a min/max/last merge, so applying
+it twice gives the same row; the journal still holds every row not yet in
+both tables. Files written by a run that died before its commit are not in
+the Delta log (readers never see them) and ``vacuum`` removes them.
+
+For tests, ``LAKEHOUSE_CRASH_AT`` set to one of :data:`CRASH_POINTS` makes
+the process kill itself (SIGKILL) at that point.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable
+from deltalake import Schema as DeltaSchema
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets.delta import DeltaLocation, commit
+from lakehouse_assets.journal import COLUMNS
+from lakehouse_assets.spark.delta_io import read_snapshot, write_parquet
+from lakehouse_assets.spark.session import get_spark
+from lakehouse_assets.tables import (
+    STATEMENT_FIELDS,
+    STATEMENTS_PARTITION,
+    STATEMENTS_SCHEMA,
+    TRANSLOG_SCHEMA,
+    Snapshot,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from lakehouse_assets.lake import Dataset
+
+#: Lock name shared by every operation that writes a dataset's Delta tables
+#: (flush, compact, optimize): one writer at a time, readers never wait.
+TABLES_LOCK = "tables"
+
+CRASH_POINTS = (
+    "after_parquet",
+    "after_statements_commit",
+    "after_translog_commit",
+    "before_journal_clear",
+)
+
+#: Arrow types of the journal rows read for a batch (``seq`` then ``COLUMNS``).
+EVENTS_SCHEMA = pa.schema(
+    [("seq", pa.int64())]
+    + [
+        (
+            name,
+            pa.int32() if name == "bucket" else pa.bool_() if name == "external" else pa.string(),
+        )
+        for name in COLUMNS
+    ]
+)
+
+
+def crash_point(name: str) -> None:
+    """Die here, like a power cut, if the test harness asked for it."""
+    if os.environ.get("LAKEHOUSE_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class FlushResult:
+    """What a flush did (the spec's return value is ``new``)."""
+
+    new: int = 0
+    duplicates: int = 0
+    tombstones: int = 0
+    journal_rows: int = 0
+    batches: int = 0
+    statements_version: int | None = None
+    translog_version: int | None = None
+    seconds: float = 0.0
+    buckets: list[int] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.journal_rows > 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "new": self.new,
+            "duplicates": self.duplicates,
+            "tombstones": self.tombstones,
+            "journal_rows": self.journal_rows,
+            "batches": self.batches,
+            "statements_version": self.statements_version,
+            "translog_version": self.translog_version,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def plan_batches(buckets: Sequence[tuple[int, int]], batch_rows: int) -> list[list[int]]:
+    """Group (bucket, rows) into consecutive batches of about ``batch_rows`` rows."""
+    batches: list[list[int]] = []
+    size = 0
+    for bucket, rows in buckets:
+        if not batches or (size + rows > batch_rows and batches[-1]):
+            batches.append([])
+            size = 0
+        batches[-1].append(bucket)
+        size += rows
+    return batches
+
+
+def _read_events(ds: Dataset, buckets: Sequence[int], max_seq: int) -> pa.Table:
+    """The journal rows of some buckets as Arrow, built in chunks (bounded memory)."""
+    names = EVENTS_SCHEMA.names
+    chunks: list[pa.RecordBatch] = []
+    rows: list[tuple[Any, ...]] = []
+
+    def emit() -> None:
+        columns = list(zip(*rows, strict=True))
+        chunks.append(
+            pa.RecordBatch.from_arrays(
+                [pa.array(col, type=EVENTS_SCHEMA.field(i).type) for i, col in enumerate(columns)],
+                names=names,
+            )
+        )
+        rows.clear()
+
+    for row in ds.journal.read_buckets(ds.name, buckets, max_seq):
+        rows.append(row)
+        if len(rows) >= 100_000:
+            emit()
+    if rows:
+        emit()
+    return pa.Table.from_batches(chunks, schema=EVENTS_SCHEMA)
+
+
+def _reduce(events: DataFrame) -> DataFrame:
+    """One row per (origin, id): first write's columns, seen range, last event's delete."""
+    from pyspark.sql import functions as F
+
+    live_seq = F.when(F.col("deleted_at").isNull(), F.col("seq"))
+    stmt_cols = [c for c in STATEMENT_FIELDS if c not in ("id", "first_seen", "last_seen")]
+    return events.groupBy("origin", "id").agg(
+        F.min_by(F.struct(*stmt_cols), live_seq).alias("stmt"),
+        F.max_by("deleted_at", "seq").alias("deleted_at"),
+        F.min("first_seen").alias("first_seen"),
+        F.max("last_seen").alias("last_seen"),
+        F.first("bucket").alias("bucket"),
+    )
+
+
+def ensure_translog(location: DeltaLocation) -> DeltaTable:
+    table = location.table()
+    if table is None:
+        table = DeltaTable.create(
+            location.uri,
+            DeltaSchema.from_arrow(TRANSLOG_SCHEMA),
+            mode="ignore",
+            storage_options=dict(location.storage_options),
+        )
+    return table
+
+
+#: The translog merge: widen the seen range, take the last event's delete state.
+TRANSLOG_UPDATE = {
+    "first_seen": "CASE WHEN t.first_seen IS NULL OR s.first_seen < t.first_seen "
+    "THEN s.first_seen ELSE t.first_seen END",
+    "last_seen": "CASE WHEN t.last_seen IS NULL OR s.last_seen > t.last_seen "
+    "THEN s.last_seen ELSE t.last_seen END",
+    "deleted_at": "s.deleted_at",
+    "bucket": "s.bucket",
+}
+
+
+def merge_translog(location: DeltaLocation, updates: pa.Table, metadata: dict[str, Any]) -> int:
+    """Upsert translog rows (one commit); returns the new table version."""
+    table = ensure_translog(location)
+    (
+        table.merge(
+            updates.select(TRANSLOG_SCHEMA.names).cast(TRANSLOG_SCHEMA),
+            predicate="t.origin = s.origin AND t.id = s.id",
+            source_alias="s",
+            target_alias="t",
+            commit_properties=CommitProperties(custom_metadata=metadata, max_commit_retries=20),
+        )
+        .when_matched_update(TRANSLOG_UPDATE)
+        .when_not_matched_insert_all()
+        .execute()
+    )
+    table.update_incremental()
+    return table.version()
+
+
+def _flush_batch(
+    spark: SparkSession, ds: Dataset, buckets: list[int], max_seq: int, result: FlushResult
+) -> None:
+    from pyspark.sql import functions as F
+
+    events_arrow = _read_events(ds, buckets, max_seq)
+    if events_arrow.num_rows == 0:
+        return
+    meta = {"lakehouse.operation": "flush", "dataset": ds.name, "max_seq": str(max_seq)}
+    span = (min(buckets), max(buckets))
+    main = ds.statements_table
+    options = main.storage_options
+    events = spark.createDataFrame(events_arrow)
+    reduced = _reduce(events).cache()
+    main_files = Snapshot.load(main).select(span)
+    in_main = (
+        read_snapshot(
+            spark,
+            main_files,
+            pa.schema([STATEMENTS_SCHEMA.field(c) for c in ("id", "bucket", "origin")]),
+            options,
+            partition=STATEMENTS_PARTITION,
+            buckets=buckets,
+        )
+        .select("origin", "id")
+        .distinct()
+        .withColumn("in_main", F.lit(True))
+    )
+    keyed = reduced.join(in_main, ["origin", "id"], "left").cache()
+    new = (
+        keyed.where(F.col("in_main").isNull() & F.col("deleted_at").isNull())
+        .select(
+            "id",
+            *[F.col(f"stmt.{c}").alias(c) for c in STATEMENT_FIELDS[1:11]],
+            "first_seen",
+            "last_seen",
+            F.col("bucket").cast("int").alias("bucket"),
+            "origin",
+        )
+        .repartitionByRange(max(1, events_arrow.num_rows // 1_000_000), "bucket", "canonical_id")
+        .sortWithinPartitions("bucket", "canonical_id", "prop", "value", "origin")
+    )
+    actions = write_parquet(
+        new, main.uri, options, STATEMENTS_SCHEMA, partition=STATEMENTS_PARTITION
+    )
+    crash_point("after_parquet")
+    if actions:
+        result.statements_version = commit(
+            main,
+            actions,
+            schema=STATEMENTS_SCHEMA,
+            partition_by=[STATEMENTS_PARTITION],
+            metadata=meta,
+        )
+        result.new += sum(_num_records(a.stats) for a in actions)
+    crash_point("after_statements_commit")
+    # Statements in the main table (now including the new ones) get a translog row;
+    # a tombstone for a statement that never reached the table has nothing to mark.
+    updates = (
+        keyed.where(F.col("in_main").isNotNull() | F.col("deleted_at").isNull())
+        .select(
+            "id",
+            F.col("bucket").cast("int").alias("bucket"),
+            "first_seen",
+            "last_seen",
+            "deleted_at",
+            "origin",
+            F.col("in_main").isNotNull().alias("in_main"),
+        )
+        .toArrow()
+    )
+    reduced.unpersist()
+    keyed.unpersist()
+    if updates.num_rows:
+        updates = updates.sort_by(
+            [("bucket", "ascending"), ("origin", "ascending"), ("id", "ascending")]
+        )
+        result.translog_version = merge_translog(ds.translog_table, updates, meta)
+        flags = updates.to_pydict()
+        for was_there, deleted in zip(flags["in_main"], flags["deleted_at"], strict=True):
+            if deleted is not None:
+                result.tombstones += 1
+            elif was_there:
+                result.duplicates += 1
+    crash_point("after_translog_commit")
+    result.journal_rows += events_arrow.num_rows
+    result.batches += 1
+    result.buckets.extend(buckets)
+    crash_point("before_journal_clear")
+    ds.journal.clear(ds.name, buckets=buckets, max_seq=max_seq)
+
+
+def _num_records(stats: str | None) -> int:
+    import json
+
+    return int(json.loads(stats or "{}").get("numRecords", 0))
+
+
+def flush(ds: Dataset, *, batch_rows: int | None = None) -> FlushResult:
+    """Flush a dataset's journal into its Delta tables (see the module docstring)."""
+    started = cv.utcnow()
+    clock = time.monotonic()
+    result = FlushResult()
+    with ds.operation_lock(TABLES_LOCK):
+        max_seq = ds.journal.max_seq(ds.name)
+        if max_seq is not None:
+            spark = get_spark(ds.settings)
+            rows = batch_rows or ds.settings.flush_batch_rows
+            for buckets in plan_batches(ds.journal.buckets(ds.name, max_seq), rows):
+                _flush_batch(spark, ds, buckets, max_seq, result)
+        # last_flushed is the moment max_seq was taken: a write that raced the
+        # flush is newer, so the next ensure_flush still picks it up.
+        ds.core_tags.set(cv.JOURNAL_LAST_FLUSHED, started)
+        if result.changed:
+            ds.core_tags.touch(cv.STATEMENTS_LAST_UPDATED)
+    result.seconds = time.monotonic() - clock
+    return result
+
+
+def needs_flush(ds: Dataset) -> bool:
+    """Unflushed rows in the journal, or a journal tag newer than the last flush."""
+    if ds.journal.max_seq(ds.name) is not None:
+        return True
+    return not ds.core_tags.is_latest(cv.JOURNAL_LAST_FLUSHED, [cv.JOURNAL_LAST_UPDATED]) and (
+        ds.core_tags.get(cv.JOURNAL_LAST_UPDATED) is not None
+    )
+
+
+def ensure_flush(ds: Dataset) -> FlushResult | None:
+    """Flush when the journal holds anything newer than the last flush."""
+    return flush(ds) if needs_flush(ds) else None

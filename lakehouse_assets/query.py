@@ -1,0 +1,178 @@
+"""Interactive reads: get one entity, small filtered queries, stream the export.
+
+These must answer in milliseconds, so they never start Spark: DuckDB runs
+over the snapshot's Parquet files as the Delta log lists them (through a
+pyarrow dataset, which works for local and S3 lakes alike and prunes row
+groups by their statistics). Live statements are the main table's rows
+whose translog row is not deleted, with ``first_seen``/``last_seen`` taken
+from the translog; the same rule the Spark exports apply.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import pyarrow as pa
+from followthemoney.dataset import Dataset as FtmDataset
+from followthemoney.statement import Statement
+from followthemoney.statement.entity import StatementEntity
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets.errors import SourceNotFoundError
+from lakehouse_assets.journal import bucket_of
+from lakehouse_assets.tables import (
+    STATEMENT_FIELDS,
+    STATEMENTS_PARTITION,
+    STATEMENTS_SCHEMA,
+    TRANSLOG_SCHEMA,
+    Snapshot,
+    arrow_dataset,
+)
+
+if TYPE_CHECKING:
+    from ftmq.query import Query
+
+    from lakehouse_assets.lake import Dataset
+
+#: Live statements: main rows without a deleted translog row, seen range from the translog.
+LIVE_SQL = """
+SELECT {columns},
+       COALESCE(t.first_seen, m.first_seen) AS first_seen,
+       COALESCE(t.last_seen, m.last_seen) AS last_seen,
+       m.origin
+FROM main AS m
+LEFT JOIN translog AS t ON t.origin = m.origin AND t.id = m.id AND t.bucket = m.bucket
+WHERE t.deleted_at IS NULL {where}
+ORDER BY m.canonical_id, m.prop, m.value, m.origin, m.id
+"""
+
+_COLUMNS = ", ".join(f"m.{c}" for c in STATEMENT_FIELDS if c not in ("first_seen", "last_seen"))
+
+
+def ftm_dataset(name: str) -> FtmDataset:
+    """The followthemoney dataset object statements and entities refer to."""
+    return FtmDataset.make({"name": name, "title": name})
+
+
+def live_statements(
+    ds: Dataset,
+    *,
+    entity_ids: Sequence[str] | None = None,
+    origin: str | None = None,
+) -> pa.Table:
+    """Live statements (optionally of some entities / one origin), sorted, as Arrow."""
+    main = Snapshot.load(ds.statements_table)
+    log = Snapshot.load(ds.translog_table)
+    options = ds.statements_table.storage_options
+    buckets = sorted({bucket_of(e) for e in entity_ids}) if entity_ids else None
+    span = (buckets[0], buckets[-1]) if buckets else None
+    con = duckdb.connect()
+    try:
+        con.register(
+            "main",
+            arrow_dataset(
+                main.select(span), STATEMENTS_SCHEMA, options, partition=STATEMENTS_PARTITION
+            ),
+        )
+        con.register("translog", arrow_dataset(log.select(span), TRANSLOG_SCHEMA, options))
+        clauses: list[str] = []
+        params: list[Any] = []
+        if entity_ids:
+            # bucket first: pyarrow prunes row groups on it before the id test
+            clauses.append(f"m.bucket IN ({', '.join('?' for _ in buckets or [])})")
+            params.extend(buckets or [])
+            clauses.append(f"m.canonical_id IN ({', '.join('?' for _ in entity_ids)})")
+            params.extend(entity_ids)
+        if origin is not None:
+            clauses.append("m.origin = ?")
+            params.append(cv.origin(origin))
+        where = "".join(f" AND {c}" for c in clauses)
+        return con.execute(LIVE_SQL.format(columns=_COLUMNS, where=where), params).to_arrow_table()
+    finally:
+        con.close()
+
+
+def to_statements(table: pa.Table) -> Iterator[Statement]:
+    for row in table.to_pylist():
+        yield Statement(
+            id=row["id"],
+            entity_id=row["entity_id"],
+            canonical_id=row["canonical_id"],
+            prop=row["prop"],
+            schema=row["schema"],
+            value=row["value"],
+            dataset=row["dataset"],
+            lang=row["lang"],
+            original_value=row["original_value"],
+            external=bool(row["external"]),
+            first_seen=row["first_seen"],
+            last_seen=row["last_seen"],
+            origin=row["origin"],
+        )
+
+
+def aggregate(dataset: str, statements: Iterable[Statement]) -> Iterator[StatementEntity]:
+    """Group statements sorted by canonical id into followthemoney entities."""
+    meta = ftm_dataset(dataset)
+    current: list[Statement] = []
+    for stmt in statements:
+        if current and stmt.canonical_id != current[0].canonical_id:
+            yield StatementEntity.from_statements(meta, current)
+            current = []
+        current.append(stmt)
+    if current:
+        yield StatementEntity.from_statements(meta, current)
+
+
+def query(
+    ds: Dataset,
+    q: Query | None = None,
+    *,
+    entity_ids: Sequence[str] | None = None,
+    origin: str | None = None,
+    flush: bool = True,
+) -> Iterator[StatementEntity]:
+    """Entities from live statements, filtered by ids, origin and an ftmq ``Query``.
+
+    Flushes the journal first unless ``flush=False`` (then unflushed writes are
+    not visible).
+    """
+    if flush:
+        from lakehouse_assets.flush import ensure_flush
+
+        ensure_flush(ds)
+    entities = aggregate(
+        ds.name, to_statements(live_statements(ds, entity_ids=entity_ids, origin=origin))
+    )
+    if q is not None:
+        for entity in q.apply_iter(entities):
+            assert isinstance(entity, StatementEntity)
+            yield entity
+    else:
+        yield from entities
+
+
+def get_entity(
+    ds: Dataset, entity_id: str, *, origin: str | None = None, flush: bool = False
+) -> StatementEntity | None:
+    """One entity by id (optionally only its statements from ``origin``)."""
+    for entity in query(ds, entity_ids=[entity_id], origin=origin, flush=flush):
+        return entity
+    return None
+
+
+def stream_entities(ds: Dataset) -> Iterator[dict[str, Any]]:
+    """Entities of the last ``entities.ftm.json`` export (no flush, no Spark)."""
+    path = cv.dataset_path(ds.name, cv.ENTITIES_JSON)
+    if not ds.store.exists(path):
+        raise SourceNotFoundError(
+            f"Dataset {ds.name!r} has no {cv.ENTITIES_JSON} yet; "
+            f"run `lakehouse -d {ds.name} export entities` first"
+        )
+    with ds.store.open_read(path) as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)

@@ -1,0 +1,256 @@
+"""Spark reads Delta snapshots and writes Parquet for delta-rs to commit.
+
+Spark here has no Delta JARs and no ``s3a://`` filesystem. Both directions
+therefore go through pyarrow inside Spark's Python workers:
+
+- :func:`read_snapshot` is a Spark Python Data Source: one input partition
+  per Parquet file of a snapshot (the list comes from the Delta log through
+  delta-rs), read with pyarrow from a local disk or S3, with the partition
+  column filled from the log rather than from directory names.
+- :func:`write_parquet` runs ``mapInArrow`` over a DataFrame: every task
+  writes its rows as Parquet files (one per partition value) straight into
+  the table folder and returns the file names, sizes, partition values and
+  footer statistics. The driver then commits them in one delta-rs
+  transaction. Files a crashed run wrote but never committed are invisible
+  to readers and removed by ``vacuum``.
+
+Both work the same on ``local[*]`` and on a cluster whose executors can reach
+the lake.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake.transaction import AddAction
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from lakehouse_assets.delta import file_stats, unique_file_name
+from lakehouse_assets.tables import DataFile, arrow_filesystem, partition_dir
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+#: Row groups of this many rows keep point lookups (get entity) cheap.
+ROW_GROUP_SIZE = 64_000
+
+SOURCE_NAME = "lakehouse_snapshot"
+
+
+class _FilePartition(InputPartition):
+    def __init__(self, files: list[dict[str, Any]]) -> None:
+        super().__init__(files)
+        self.files = files
+
+
+class SnapshotReader(DataSourceReader):
+    """Reads the files named in the ``files`` option with pyarrow."""
+
+    def __init__(self, schema: StructType, options: Mapping[str, str]) -> None:
+        self.columns = [f.name for f in schema.fields]
+        self.files: list[dict[str, Any]] = json.loads(options["files"])
+        self.storage: dict[str, str] = json.loads(options.get("storage", "{}"))
+        self.partition = options.get("partition") or None
+        # delta-rs may write string_view columns; Spark wants exactly these types
+        self.types = {k: pa.type_for_alias(v) for k, v in json.loads(options["types"]).items()}
+        buckets = options.get("buckets")
+        self.buckets: list[int] | None = json.loads(buckets) if buckets else None
+
+    def partitions(self) -> Sequence[InputPartition]:
+        # Group small files so that a task has some work; large ones alone.
+        groups: list[list[dict[str, Any]]] = [[]]
+        size = 0
+        for file in self.files:
+            if groups[-1] and size + file["size"] > 64 * 1024 * 1024:
+                groups.append([])
+                size = 0
+            groups[-1].append(file)
+            size += file["size"]
+        return [_FilePartition(g) for g in groups if g]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, _FilePartition)
+        stored = [c for c in self.columns if c != self.partition]
+        for file in partition.files:
+            fs, path = arrow_filesystem(file["uri"], self.storage)
+            reader = pq.ParquetFile(fs.open_input_file(path))
+            value = (file.get("partition_values") or {}).get(self.partition)
+            for batch in reader.iter_batches(batch_size=65_536, columns=stored):
+                if self.buckets is not None:
+                    mask = pc.is_in(batch.column("bucket"), pa.array(self.buckets, pa.int32()))
+                    batch = batch.filter(mask)
+                    if batch.num_rows == 0:
+                        continue
+                arrays = []
+                for name in self.columns:
+                    if name == self.partition:
+                        arrays.append(pa.array([value] * batch.num_rows, type=pa.string()))
+                    else:
+                        column = batch.column(name)
+                        if column.type != self.types[name]:
+                            column = column.cast(self.types[name])
+                        arrays.append(column)
+                yield pa.RecordBatch.from_arrays(arrays, names=self.columns)
+
+
+class SnapshotSource(DataSource):
+    """``spark.read.format("lakehouse_snapshot")``: files of one Delta snapshot."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:  # pragma: no cover - a schema is always given
+        raise ValueError("lakehouse_snapshot needs an explicit schema")
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return SnapshotReader(schema, self.options)
+
+
+_registered: set[int] = set()
+
+
+def _register(spark: SparkSession) -> None:
+    key = id(spark)
+    if key not in _registered:
+        spark.dataSource.register(SnapshotSource)
+        _registered.add(key)
+
+
+def read_snapshot(
+    spark: SparkSession,
+    files: Sequence[DataFile],
+    schema: pa.Schema,
+    storage_options: Mapping[str, str],
+    *,
+    partition: str | None = None,
+    buckets: Sequence[int] | None = None,
+) -> DataFrame:
+    """A DataFrame over snapshot files (optionally only rows of some buckets)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    spark_schema = from_arrow_schema(schema)
+    if not files:
+        return spark.createDataFrame([], spark_schema)
+    _register(spark)
+    payload = [
+        {"uri": f.uri, "size": f.size, "partition_values": dict(f.partition_values)} for f in files
+    ]
+    reader = (
+        spark.read.format(SOURCE_NAME)
+        .schema(spark_schema)
+        .option("files", json.dumps(payload))
+        .option("storage", json.dumps(dict(storage_options)))
+        .option("partition", partition or "")
+        .option("types", json.dumps({f.name: str(f.type) for f in schema}))
+    )
+    if buckets is not None:
+        reader = reader.option("buckets", json.dumps(sorted(set(buckets))))
+    return reader.load()
+
+
+@dataclass
+class _PartWriter:
+    rel: str
+    sink: Any
+    writer: pq.ParquetWriter
+    collector: list[pq.FileMetaData]
+
+
+WRITE_RESULT = "path string, size long, partition string, stats string, rows long"
+
+
+def write_parquet(
+    df: DataFrame,
+    table_uri: str,
+    storage_options: Mapping[str, str],
+    schema: pa.Schema,
+    *,
+    partition: str | None = None,
+    prefix: str = "part",
+) -> list[AddAction]:
+    """Let Spark's tasks write ``df`` as Parquet into a table folder; return AddActions.
+
+    ``df`` should already be ordered as the files should be (each task writes
+    its rows in the order it receives them). Nothing is committed here.
+    """
+    columns = schema.names
+    stored_schema = pa.schema([schema.field(c) for c in columns if c != partition])
+    storage = dict(storage_options)
+
+    def write_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fs, root = arrow_filesystem(table_uri, storage)
+        writers: dict[str | None, _PartWriter] = {}
+
+        def writer_for(value: str | None) -> _PartWriter:
+            if value not in writers:
+                folder = f"{partition}={partition_dir(value or '')}/" if partition else ""
+                rel = f"{folder}{unique_file_name(prefix)}"
+                fs.create_dir(f"{root}/{folder}".rstrip("/"), recursive=True)
+                collector: list[pq.FileMetaData] = []
+                sink = fs.open_output_stream(f"{root}/{rel}")
+                writer = pq.ParquetWriter(
+                    sink, stored_schema, compression="zstd", metadata_collector=collector
+                )
+                writers[value] = _PartWriter(rel, sink, writer, collector)
+            return writers[value]
+
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            table = pa.Table.from_batches([batch]).select(columns).cast(schema)
+            if partition is None:
+                groups: list[tuple[str | None, pa.Table]] = [(None, table)]
+            else:
+                values = table.column(partition)
+                groups = [
+                    (v, table.filter(pc.equal(values, v))) for v in pc.unique(values).to_pylist()
+                ]
+            for value, part in groups:
+                writer_for(value).writer.write_table(
+                    part.drop_columns([partition]) if partition else part,
+                    row_group_size=ROW_GROUP_SIZE,
+                )
+        out: dict[str, list[Any]] = {k: [] for k in ("path", "size", "partition", "stats", "rows")}
+        for value, part_writer in writers.items():
+            part_writer.writer.close()
+            size = part_writer.sink.tell()
+            part_writer.sink.close()  # on S3 the object appears now, complete
+            meta = part_writer.collector[0]
+            out["path"].append(part_writer.rel)
+            out["size"].append(size)
+            out["partition"].append(value)
+            out["stats"].append(file_stats(meta))
+            out["rows"].append(meta.num_rows)
+        yield pa.RecordBatch.from_pydict(
+            out,
+            schema=pa.schema(
+                [
+                    ("path", pa.string()),
+                    ("size", pa.int64()),
+                    ("partition", pa.string()),
+                    ("stats", pa.string()),
+                    ("rows", pa.int64()),
+                ]
+            ),
+        )
+
+    results = df.mapInArrow(write_task, WRITE_RESULT).collect()
+    actions = []
+    for row in results:
+        values = {partition: row["partition"]} if partition else {}
+        actions.append(AddAction(row["path"], row["size"], values, _now_ms(), True, row["stats"]))
+    return actions
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)

@@ -1,0 +1,209 @@
+"""The two Delta tables of a dataset: their schemas and how to read a snapshot.
+
+``entities/statements`` holds followthemoney statements, partitioned by
+``origin``, plus ``bucket`` (the journal's flush bucket) so that a flush
+batch touches few files. ``entities/translog`` holds one row per statement
+(``origin``, ``id``) with ``first_seen``, ``last_seen`` and ``deleted_at``:
+the main table is append-only between compactions, the translog says what
+is live.
+
+Readers never guess from directory names: files and partition values come
+from the Delta log (delta-rs), so non-ASCII origins and S3 lakes work the
+same way for Spark (through :mod:`lakehouse_assets.spark.delta_io`), DuckDB
+and pyarrow.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+from pyarrow import fs as pafs
+
+from lakehouse_assets.delta import DeltaLocation
+
+#: Columns of followthemoney's statement model, in its CSV order, then ours.
+STATEMENT_FIELDS: tuple[str, ...] = (
+    "id",
+    "entity_id",
+    "canonical_id",
+    "prop",
+    "prop_type",
+    "schema",
+    "value",
+    "dataset",
+    "lang",
+    "original_value",
+    "external",
+    "first_seen",
+    "last_seen",
+)
+
+STATEMENTS_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("entity_id", pa.string()),
+        ("canonical_id", pa.string()),
+        ("prop", pa.string()),
+        ("prop_type", pa.string()),
+        ("schema", pa.string()),
+        ("value", pa.string()),
+        ("dataset", pa.string()),
+        ("lang", pa.string()),
+        ("original_value", pa.string()),
+        ("external", pa.bool_()),
+        ("first_seen", pa.string()),
+        ("last_seen", pa.string()),
+        ("bucket", pa.int32()),
+        ("origin", pa.string()),
+    ]
+)
+
+TRANSLOG_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("bucket", pa.int32()),
+        ("first_seen", pa.string()),
+        ("last_seen", pa.string()),
+        ("deleted_at", pa.string()),
+        ("origin", pa.string()),
+    ]
+)
+
+#: The statements table is partitioned by origin; the translog is not.
+STATEMENTS_PARTITION = "origin"
+
+
+def physical_schema(schema: pa.Schema, partition: str | None) -> pa.Schema:
+    """The schema stored in the Parquet files (Delta keeps partitions in the log)."""
+    if partition is None:
+        return schema
+    return schema.remove(schema.get_field_index(partition))
+
+
+def partition_dir(value: str) -> str:
+    """A readable, path-safe folder name for a partition value.
+
+    The folder name is cosmetic: readers take partition values from the log.
+    """
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", value)[:100] or "_"
+
+
+@dataclass(frozen=True, slots=True)
+class DataFile:
+    """One Parquet file of a snapshot, as the Delta log describes it."""
+
+    uri: str
+    size: int
+    partition_values: Mapping[str, str | None]
+    min_bucket: int | None
+    max_bucket: int | None
+
+    def overlaps(self, buckets: tuple[int, int] | None) -> bool:
+        """Could this file hold rows of the bucket range (stats-based pruning)?"""
+        if buckets is None or self.min_bucket is None or self.max_bucket is None:
+            return True
+        return not (self.max_bucket < buckets[0] or self.min_bucket > buckets[1])
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The files of one version of a Delta table (empty if it doesn't exist)."""
+
+    location: DeltaLocation
+    version: int | None
+    files: tuple[DataFile, ...]
+
+    @classmethod
+    def load(cls, location: DeltaLocation, version: int | None = None) -> Snapshot:
+        table = location.table(version)
+        if table is None:
+            return cls(location, None, ())
+        actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+        root = location.uri.rstrip("/")
+        files = []
+        for action in actions:
+            parts = {
+                k.removeprefix("partition."): v
+                for k, v in action.items()
+                if k.startswith("partition.")
+            }
+            files.append(
+                DataFile(
+                    uri=f"{root}/{action['path']}",
+                    size=int(action["size_bytes"]),
+                    partition_values=parts,
+                    min_bucket=action.get("min.bucket"),
+                    max_bucket=action.get("max.bucket"),
+                )
+            )
+        return cls(location, table.version(), tuple(sorted(files, key=lambda f: f.uri)))
+
+    def select(self, buckets: tuple[int, int] | None = None) -> list[DataFile]:
+        return [f for f in self.files if f.overlaps(buckets)]
+
+
+def arrow_filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow filesystem and the path for ``uri`` (local path or s3://)."""
+    if uri.startswith("s3://"):
+        endpoint = storage_options.get("AWS_ENDPOINT_URL")
+        kwargs: dict[str, object] = {
+            "access_key": storage_options.get("AWS_ACCESS_KEY_ID"),
+            "secret_key": storage_options.get("AWS_SECRET_ACCESS_KEY"),
+            "region": storage_options.get("AWS_REGION", "us-east-1"),
+        }
+        if endpoint:
+            scheme, _, host = endpoint.partition("://")
+            kwargs["endpoint_override"] = host or scheme
+            kwargs["scheme"] = scheme if host else "https"
+        return pafs.S3FileSystem(**kwargs), uri.removeprefix("s3://")
+    return pafs.LocalFileSystem(), uri.removeprefix("file://")
+
+
+def arrow_dataset(
+    files: Sequence[DataFile],
+    schema: pa.Schema,
+    storage_options: Mapping[str, str],
+    *,
+    partition: str | None = None,
+) -> pads.Dataset:
+    """A pyarrow dataset over snapshot files, partition column from the Delta log.
+
+    DuckDB and pyarrow push filters and projections into it, and prune row
+    groups by their statistics.
+    """
+    if not files:
+        return pads.dataset(pa.Table.from_batches([], schema=schema))
+    fs, _ = arrow_filesystem(files[0].uri, storage_options)
+    paths = [arrow_filesystem(f.uri, storage_options)[1] for f in files]
+    partitions = [
+        pc.field(partition) == pc.scalar(f.partition_values.get(partition))
+        if partition is not None and f.partition_values.get(partition) is not None
+        else pc.scalar(True)
+        for f in files
+    ]
+    return pads.FileSystemDataset.from_paths(
+        paths,
+        schema=schema,
+        format=pads.ParquetFileFormat(),
+        filesystem=fs,
+        partitions=partitions,
+    )
+
+
+def read_files(
+    files: Sequence[DataFile],
+    schema: pa.Schema,
+    storage_options: Mapping[str, str],
+    *,
+    columns: Sequence[str] | None = None,
+    filter: pc.Expression | None = None,
+    partition: str | None = None,
+) -> pa.Table:
+    """Read snapshot files into one Arrow table."""
+    dataset = arrow_dataset(files, schema, storage_options, partition=partition)
+    return dataset.to_table(columns=list(columns or schema.names), filter=filter)

@@ -1,0 +1,149 @@
+"""Flush: journal → Delta statements (by origin) + translog, on real Spark and delta-rs."""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets.flush import needs_flush, plan_batches
+from lakehouse_assets.lake import Lakehouse
+from lakehouse_assets.tables import (
+    STATEMENTS_SCHEMA,
+    TRANSLOG_SCHEMA,
+    Snapshot,
+    read_files,
+)
+from lakehouse_assets_tests.conftest import sample_entities
+
+
+def table_rows(ds, which: str = "statements") -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
+    location = ds.statements_table if which == "statements" else ds.translog_table
+    schema = STATEMENTS_SCHEMA if which == "statements" else TRANSLOG_SCHEMA
+    partition = "origin" if which == "statements" else None
+    snap = Snapshot.load(location)
+    table = read_files(snap.files, schema, location.storage_options, partition=partition)
+    return sorted(table.to_pylist(), key=lambda r: (r["origin"], r["id"]))
+
+
+def test_plan_batches_groups_buckets_up_to_the_row_budget() -> None:
+    assert plan_batches([(0, 5), (1, 5), (2, 5), (7, 20)], 10) == [[0, 1], [2], [7]]
+    assert plan_batches([], 10) == []
+    assert plan_batches([(3, 50)], 10) == [[3]]  # a bucket never splits
+
+
+def test_flush_new_duplicate_and_tombstone(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    ds = lake.create_dataset("flushing")
+    entities = sample_entities()
+    written = sum(ds.add_entity(e, origin="import") for e in entities)
+    assert needs_flush(ds)
+
+    first = ds.flush()
+    assert first.new == written and first.duplicates == 0 and first.tombstones == 0
+    assert ds.journal.count(ds.name) == 0
+    assert not needs_flush(ds)
+    rows = table_rows(ds)
+    assert len(rows) == written and {r["origin"] for r in rows} == {"import"}
+    assert len({r["id"] for r in rows}) == written
+    log = table_rows(ds, "translog")
+    assert len(log) == written and all(r["deleted_at"] is None for r in log)
+    tags = ds.core_tags
+    assert tags.get(cv.JOURNAL_LAST_FLUSHED) is not None
+    updated = tags.get(cv.STATEMENTS_LAST_UPDATED)
+    assert updated is not None
+
+    # the same entities again: duplicates only, the main table does not grow
+    again = sum(ds.add_entity(e, origin="import") for e in entities)
+    person = next(e for e in entities if e["schema"] == "Person")
+    removed = ds.delete_entity(str(person["id"]))
+    assert removed > 0  # found in the Delta table, not only in the journal
+    second = ds.flush()
+    assert second.new == 0
+    assert second.tombstones == removed
+    assert second.duplicates == again - removed
+    assert len(table_rows(ds)) == written
+    log = {(r["origin"], r["id"]): r for r in table_rows(ds, "translog")}
+    dead = [r for r in log.values() if r["deleted_at"] is not None]
+    assert len(dead) == removed
+    assert tags.get(cv.STATEMENTS_LAST_UPDATED) > updated  # type: ignore[operator]
+
+    # an empty flush: last_flushed moves, statements/last_updated does not
+    before = tags.get(cv.STATEMENTS_LAST_UPDATED)
+    flushed_before = tags.get(cv.JOURNAL_LAST_FLUSHED)
+    third = ds.flush()
+    assert third.new == 0 and third.journal_rows == 0
+    assert tags.get(cv.STATEMENTS_LAST_UPDATED) == before
+    assert tags.get(cv.JOURNAL_LAST_FLUSHED) > flushed_before  # type: ignore[operator]
+
+    # deleted statements are gone from reads
+    assert ds.get_entity(str(person["id"])) is None
+    assert ds.get_entity(str(entities[0]["id"])) is not None or entities[0] is person
+
+
+def test_flush_in_many_batches_equals_one_batch(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    one = local_lake.create_dataset("one_batch")
+    many = local_lake.create_dataset("many_batches")
+    for ds in (one, many):
+        for e in sample_entities():
+            ds.add_entity(e, origin="a")
+        ds.add_entity(sample_entities()[0], origin="b")  # same statements, other origin
+    r1 = one.flush()
+    r2 = many.flush(batch_rows=10)
+    assert r1.batches == 1 and r2.batches > 3
+    assert r1.new == r2.new
+    # statement ids hash the dataset name: compare everything else
+    def content(ds):  # type: ignore[no-untyped-def]
+        skip = ("id", "dataset", "first_seen", "last_seen")
+        rows = [{k: v for k, v in r.items() if k not in skip} for r in table_rows(ds)]
+        return sorted(rows, key=lambda r: (r["origin"], r["canonical_id"], r["prop"], r["value"]))
+
+    assert content(one) == content(many)
+    assert {r["origin"] for r in table_rows(many)} == {"a", "b"}
+
+
+def test_tombstone_before_flush_never_reaches_the_table(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    ds = local_lake.create_dataset("early_delete")
+    entity = sample_entities()[0]
+    n = ds.add_entity(entity)
+    assert ds.delete_entity(str(entity["id"])) == n
+    result = ds.flush()
+    assert result.new == 0 and result.journal_rows == 2 * n
+    assert table_rows(ds) == [] and table_rows(ds, "translog") == []
+    # written again after the delete: live again
+    ds.add_entity(entity)
+    assert ds.flush().new == n
+    assert ds.get_entity(str(entity["id"])) is not None
+
+
+def test_rewrite_after_delete_revives_and_keeps_first_seen(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    ds = local_lake.create_dataset("revive")
+    entity = sample_entities()[0]
+    n = ds.add_entity(entity)
+    ds.flush()
+    first = {r["id"]: r["first_seen"] for r in table_rows(ds, "translog")}
+    ds.delete_entity(str(entity["id"]))
+    ds.flush()
+    assert ds.get_entity(str(entity["id"])) is None
+    ds.add_entity(entity)
+    result = ds.flush()
+    assert result.new == 0 and result.duplicates == n
+    log = table_rows(ds, "translog")
+    assert all(r["deleted_at"] is None for r in log)
+    assert {r["id"]: r["first_seen"] for r in log} == first
+    assert ds.get_entity(str(entity["id"])) is not None
+
+
+def test_tables_are_standard_delta_for_other_readers(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    ds = local_lake.create_dataset("readers")
+    for e in sample_entities():
+        ds.add_entity(e, origin="mapping:0af3.v1")
+    n = ds.flush().new
+    table = DeltaTable(ds.statements_table.uri)
+    assert table.metadata().partition_columns == ["origin"]
+    data = pa.table(table.to_pyarrow_dataset().to_table())
+    assert data.num_rows == n and set(data.column("origin").to_pylist()) == {"mapping:0af3.v1"}
+    files = [f.uri for f in Snapshot.load(ds.statements_table).files]
+    count = duckdb.sql(f"SELECT count(DISTINCT id) FROM read_parquet({files!r})").fetchone()
+    assert count == (n,)
+    assert DeltaTable(ds.translog_table.uri).to_pyarrow_dataset().count_rows() == n
