@@ -45,7 +45,7 @@ from followthemoney.statement.serialize import CSV_COLUMNS
 from ftmq.model.stats import Collector, DatasetStats
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.flush import ensure_flush
+from lakehouse_assets.flush import crash_point, ensure_flush
 from lakehouse_assets.spark.delta_io import read_snapshot
 from lakehouse_assets.spark.session import get_spark
 from lakehouse_assets.storage import LocalStore
@@ -319,6 +319,7 @@ def _assemble(ds: Dataset, parts: Sequence[str], target: str, header: bytes = b"
                     size += len(chunk)
         out.flush()
         os.fsync(out.fileno())
+    crash_point("export_before_replace")
     store.put_file(cv.dataset_path(ds.name, target), Path(tmp_name))
     return _Written(target, size, digest.hexdigest())
 

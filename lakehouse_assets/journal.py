@@ -260,6 +260,14 @@ class Journal:
         with self.engine.connect() as conn:
             return [tuple(r) for r in conn.execute(q)]
 
+    def rows(self, dataset: str) -> Iterator[Row]:
+        """All rows of a dataset (``COLUMNS`` order) in insert order, streamed."""
+        t = journal_table
+        q = select(*[t.c[c] for c in COLUMNS]).where(t.c.dataset == dataset).order_by(t.c.seq)
+        with self.engine.connect() as conn:
+            for row in conn.execution_options(stream_results=True, yield_per=20_000).execute(q):
+                yield tuple(row)
+
     def live_entity_statements(self, dataset: str, entity_id: str) -> list[Statement]:
         """Statements of an entity whose last journal event is not a tombstone."""
         latest: dict[tuple[str, str], Row] = {}

@@ -92,6 +92,7 @@ def test_flush_in_many_batches_equals_one_batch(spark, local_lake: Lakehouse) ->
     r2 = many.flush(batch_rows=10)
     assert r1.batches == 1 and r2.batches > 3
     assert r1.new == r2.new
+
     # statement ids hash the dataset name: compare everything else
     def content(ds):  # type: ignore[no-untyped-def]
         skip = ("id", "dataset", "first_seen", "last_seen")

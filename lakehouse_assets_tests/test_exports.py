@@ -1,0 +1,208 @@
+"""Exports checked against followthemoney's and ftmq's own code on the same statements."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from followthemoney.statement import Statement
+from followthemoney.statement.entity import StatementEntity
+from followthemoney.statement.serialize import CSVStatementWriter, read_csv_statements
+from ftmq.model.stats import Collector
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets.exports import is_fresh
+from lakehouse_assets.journal import COLUMNS, row_statement
+from lakehouse_assets.lake import Dataset, Lakehouse
+from lakehouse_assets.query import ftm_dataset
+from lakehouse_assets_tests.conftest import SHARED_DATA, sample_entities
+
+SORT = ("canonical_id", "prop", "value", "origin", "id")
+
+
+def test_entities() -> list[dict[str, Any]]:
+    """Real data where ../shared is present (a slice of kek), else the sample."""
+    kek = SHARED_DATA / "kek.ftm.json"
+    if kek.exists():
+        lines = kek.read_bytes().splitlines()[:400]
+        return [orjson.loads(line) for line in lines if line.strip()]
+    return sample_entities()
+
+
+test_entities.__test__ = False  # type: ignore[attr-defined]
+
+
+def acknowledged(ds: Dataset) -> list[Statement]:
+    """What the journal acknowledged, before flush: the independent expectation."""
+    deleted = COLUMNS.index("deleted_at")
+    return [row_statement(r) for r in ds.journal.rows(ds.name) if r[deleted] is None]
+
+
+def expected_entities(name: str, statements: list[Statement]) -> list[StatementEntity]:
+    """followthemoney's own aggregation of the live statements."""
+    by_entity: dict[str, list[Statement]] = defaultdict(list)
+    for stmt in sorted(statements, key=lambda s: tuple(getattr(s, k) or "" for k in SORT)):
+        by_entity[stmt.canonical_id].append(stmt)
+    meta = ftm_dataset(name)
+    return [StatementEntity.from_statements(meta, by_entity[k]) for k in sorted(by_entity)]
+
+
+def normal(entity: dict[str, Any]) -> dict[str, Any]:
+    """Entity dicts with list order removed (followthemoney builds some lists from sets)."""
+    out = dict(entity)
+    for key in ("referents", "datasets", "origin"):
+        if key in out:
+            out[key] = sorted(out[key])
+    out["properties"] = {k: sorted(v) for k, v in out["properties"].items()}
+    return out
+
+
+def lines(ds: Dataset, path: str) -> Iterator[bytes]:
+    yield from ds.store.read_bytes(cv.dataset_path(ds.name, path)).splitlines()
+
+
+@pytest.fixture
+def exported(spark, lake: Lakehouse) -> tuple[Dataset, list[Statement]]:  # type: ignore[no-untyped-def]
+    ds = lake.create_dataset("exporting", title="Exporting test")
+    entities = test_entities()
+    with ds.bulk(origin="crawl") as bulk:
+        for e in entities:
+            bulk.add_entity(e)
+    doomed = str(entities[1]["id"])
+    statements = [s for s in acknowledged(ds) if s.canonical_id != doomed]
+    ds.flush()
+    ds.delete_entity(doomed)
+    result = ds.make()
+    assert result.flushed is not None and result.flushed["tombstones"] > 0
+    assert set(result.written) == {"statements", "entities", "statistics", "index"}
+    return ds, statements
+
+
+def test_statements_csv_is_followthemoneys_format(exported) -> None:  # type: ignore[no-untyped-def]
+    ds, statements = exported
+    data = ds.store.read_bytes(cv.dataset_path(ds.name, cv.STATEMENTS_CSV))
+    # byte-identical to followthemoney's own writer over the sorted live statements
+    buf = io.StringIO(newline="")
+    writer = CSVStatementWriter(buf)
+    for stmt in sorted(statements, key=lambda s: tuple(getattr(s, k) or "" for k in SORT)):
+        writer.write(stmt)
+    writer.close()
+    assert data.decode("utf-8") == buf.getvalue()
+    # and followthemoney's reader gives the same statements back
+    back = list(read_csv_statements(io.BytesIO(data)))
+    assert {s.id: s.to_dict() for s in back} == {s.id: s.to_dict() for s in statements}
+
+
+def test_entities_json_equals_followthemoney_aggregation(exported) -> None:  # type: ignore[no-untyped-def]
+    ds, statements = exported
+    got = [orjson.loads(line) for line in lines(ds, cv.ENTITIES_JSON)]
+    want = [e.to_dict() for e in expected_entities(ds.name, statements)]
+    assert [g["id"] for g in got] == sorted(g["id"] for g in got)  # sorted by id
+    assert [normal(g) for g in got] == [normal(w) for w in want]
+    assert all(g["datasets"] == [ds.name] and g["first_seen"] for g in got)
+    # stream reads the export back without Spark
+    assert [e["id"] for e in ds.stream_entities()] == [g["id"] for g in got]
+
+
+def test_statistics_are_ftmqs_dataset_stats(exported) -> None:  # type: ignore[no-untyped-def]
+    ds, statements = exported
+    got = json.loads(ds.store.read_text(cv.dataset_path(ds.name, cv.STATISTICS_JSON)))
+    want = Collector().collect_many(expected_entities(ds.name, statements)).model_dump(mode="json")  # type: ignore[no-untyped-call]
+    for part in ("things", "intervals"):
+        for key in ("schemata", "countries"):
+            got[part][key] = sorted(got[part][key], key=lambda x: x.get("name") or x["code"])
+            want[part][key] = sorted(want[part][key], key=lambda x: x.get("name") or x["code"])
+    got["countries"], want["countries"] = sorted(got["countries"]), sorted(want["countries"])
+    assert got == want
+    assert got["entity_count"] == len({s.canonical_id for s in statements})
+
+
+def test_index_json_links_every_export(exported) -> None:  # type: ignore[no-untyped-def]
+    ds, _ = exported
+    index = json.loads(ds.store.read_text(cv.dataset_path(ds.name, cv.INDEX)))
+    assert index["name"] == ds.name and index["title"] == "Exporting test"
+    assert index["entity_count"] == index["statistics"]["entity_count"] > 0
+    by_name = {r["name"]: r for r in index["resources"]}
+    assert set(by_name) == {"statements.csv", "entities.ftm.json", "statistics.json"}
+    for resource in by_name.values():
+        content = ds.store.read_bytes(cv.dataset_path(ds.name, resource["path"]))
+        assert resource["checksum"] == hashlib.sha256(content).hexdigest()
+        assert resource["size"] == len(content)
+        assert resource["mime_type"] and resource["timestamp"]
+    versions = [
+        p for p in ds.store.list(cv.dataset_path(ds.name, cv.VERSIONS)) if p.endswith("/index.json")
+    ]
+    assert len(versions) == 1
+    assert json.loads(ds.store.read_text(versions[0])) == index
+
+
+def test_exports_skip_when_fresh_and_follow_new_writes(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    ds = local_lake.create_dataset("freshness")
+    entities = sample_entities()
+    for e in entities[:5]:
+        ds.add_entity(e)
+    ds.make()
+    assert all(is_fresh(ds, k) for k in ("statements", "entities", "statistics", "index"))
+    again = ds.make()
+    assert again.written == {} and again.flushed is None
+    ds.optimize()  # same content: exports stay fresh
+    assert ds.make().written == {}
+    ds.add_entity(entities[6])
+    assert not is_fresh(ds, "entities")
+    only_stats = ds.export(["statistics"])
+    assert set(only_stats.written) == {"statistics"} and only_stats.flushed is not None
+    assert not is_fresh(ds, "entities")  # the other exports are still stale
+    last = ds.make()
+    assert set(last.written) == {"statements", "entities", "index"}
+    assert len(list(lines(ds, cv.ENTITIES_JSON))) == 6
+
+
+def test_empty_dataset_exports_empty_files(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    ds = local_lake.create_dataset("empty")
+    result = ds.make()
+    assert result.written["entities"]["rows"] == 0
+    assert list(lines(ds, cv.ENTITIES_JSON)) == []
+    header = list(lines(ds, cv.STATEMENTS_CSV))
+    assert len(header) == 1 and header[0].startswith(b'"canonical_id"')
+
+
+def test_cli_flush_make_get_query_stream(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from click.testing import CliRunner
+
+    from lakehouse_assets.cli import cli
+
+    runner = CliRunner()
+    lake = str(tmp_path / "lake")
+    base = ["--lake", lake, "-d", "clitest"]
+    assert runner.invoke(cli, ["--lake", lake, "datasets", "create", "clitest"]).exit_code == 0
+    sample = Path(__file__).parents[1] / "lakehouse_assets" / "sample" / "entities.ftm.json"
+    assert runner.invoke(cli, [*base, "entities", "write", "-i", str(sample)]).exit_code == 0
+    flushed = runner.invoke(cli, [*base, "flush"])
+    assert flushed.exit_code == 0, flushed.output
+    assert json.loads(flushed.stdout)["new"] == 57
+    made = runner.invoke(cli, [*base, "make"])
+    assert json.loads(made.stdout)["written"]["entities"]["rows"] == 13
+    got = runner.invoke(cli, [*base, "get", "acme-trading"])
+    assert json.loads(got.stdout)["properties"]["name"] == ["ACME Trading GmbH"]
+    missing = runner.invoke(cli, [*base, "get", "nobody"])
+    assert missing.exit_code == 1 and "nobody" in missing.output
+    people = runner.invoke(cli, [*base, "query", "-s", "Person"])
+    assert {json.loads(x)["schema"] for x in people.stdout.splitlines()} == {"Person"}
+    de = runner.invoke(cli, [*base, "query", "-s", "Company", "-p", "jurisdiction=de"])
+    assert [json.loads(x)["id"] for x in de.stdout.splitlines()] == ["acme-trading"]
+    bad = runner.invoke(cli, [*base, "query", "-p", "nonsense"])
+    assert bad.exit_code == 2 and "PROPERTY=VALUE" in bad.output
+    streamed = runner.invoke(cli, [*base, "stream"])
+    assert len(streamed.stdout.splitlines()) == 13
+    compacted = runner.invoke(cli, [*base, "compact"])
+    assert json.loads(compacted.stdout)["live"] == 57
+    optimized = runner.invoke(cli, [*base, "optimize", "--vacuum", "--retention-hours", "0"])
+    assert optimized.exit_code == 0, optimized.output
+    assert json.loads(optimized.stdout)["vacuumed"] > 0
