@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import TableNotFoundError
-from deltalake.transaction import AddAction, create_table_with_add_actions
+from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +115,22 @@ def add_action(
     )
 
 
+def remove_action(
+    rel_path: str,
+    size: int,
+    partition_values: Mapping[str, str | None],
+    *,
+    data_change: bool = True,
+) -> RemoveAction:
+    """A RemoveAction for a file the commit replaces (it stays on disk until vacuum)."""
+    return RemoveAction(
+        rel_path, data_change, int(time.time() * 1000), size, dict(partition_values)
+    )
+
+
 def commit(
     location: DeltaLocation,
-    actions: Sequence[AddAction],
+    actions: Sequence[AddAction | RemoveAction],
     *,
     schema: pa.Schema,
     partition_by: Sequence[str] | None = None,
@@ -126,7 +139,11 @@ def commit(
     app_version: int | None = None,
     metadata: Mapping[str, Any] | None = None,
 ) -> int:
-    """Commit files in one transaction (creating the table if needed); return the version."""
+    """Commit files in one transaction (creating the table if needed); return the version.
+
+    ``actions`` may mix adds and removes: a rewrite (translog update, optimize)
+    replaces its files atomically.
+    """
     txns = []
     if app_id is not None and app_version is not None:
         txns.append(Transaction(app_id, app_version))
@@ -138,7 +155,7 @@ def commit(
         create_table_with_add_actions(
             location.uri,
             DeltaSchema.from_arrow(schema),
-            list(actions),
+            [a for a in actions if isinstance(a, AddAction)],
             mode="append",
             partition_by=list(partition_by or []) or None,
             storage_options=dict(location.storage_options),

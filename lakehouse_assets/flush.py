@@ -38,11 +38,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable
-from deltalake import Schema as DeltaSchema
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.delta import DeltaLocation, commit
+from lakehouse_assets.delta import commit, remove_action
 from lakehouse_assets.journal import COLUMNS
 from lakehouse_assets.spark.delta_io import read_snapshot, write_parquet
 from lakehouse_assets.spark.session import get_spark
@@ -173,46 +171,46 @@ def _reduce(events: DataFrame) -> DataFrame:
     )
 
 
-def ensure_translog(location: DeltaLocation) -> DeltaTable:
-    table = location.table()
-    if table is None:
-        table = DeltaTable.create(
-            location.uri,
-            DeltaSchema.from_arrow(TRANSLOG_SCHEMA),
-            mode="ignore",
-            storage_options=dict(location.storage_options),
+def rewrite_translog(
+    spark: SparkSession,
+    ds: Dataset,
+    updates: DataFrame,
+    span: tuple[int, int],
+    metadata: dict[str, str],
+) -> int | None:
+    """Upsert translog rows: rewrite the files that may hold them, in one commit.
+
+    A row's ``first_seen`` only moves back, ``last_seen`` only forward, and
+    ``deleted_at`` is the last event's: applying the same updates twice gives
+    the same rows, which is what makes a retried flush safe.
+    """
+    from pyspark.sql import functions as F
+
+    location = ds.translog_table
+    options = location.storage_options
+    old_files = Snapshot.load(location).select(span)
+    old = read_snapshot(spark, old_files, TRANSLOG_SCHEMA, options).alias("t")
+    new = updates.select(*TRANSLOG_SCHEMA.names).withColumn("_update", F.lit(True)).alias("s")
+    merged = (
+        old.join(new, ["origin", "id"], "full_outer")
+        .select(
+            F.coalesce(F.col("s.bucket"), F.col("t.bucket")).alias("bucket"),
+            "origin",
+            "id",
+            F.least(F.col("t.first_seen"), F.col("s.first_seen")).alias("first_seen"),
+            F.greatest(F.col("t.last_seen"), F.col("s.last_seen")).alias("last_seen"),
+            F.when(F.col("s._update"), F.col("s.deleted_at"))
+            .otherwise(F.col("t.deleted_at"))
+            .alias("deleted_at"),
         )
-    return table
-
-
-#: The translog merge: widen the seen range, take the last event's delete state.
-TRANSLOG_UPDATE = {
-    "first_seen": "CASE WHEN t.first_seen IS NULL OR s.first_seen < t.first_seen "
-    "THEN s.first_seen ELSE t.first_seen END",
-    "last_seen": "CASE WHEN t.last_seen IS NULL OR s.last_seen > t.last_seen "
-    "THEN s.last_seen ELSE t.last_seen END",
-    "deleted_at": "s.deleted_at",
-    "bucket": "s.bucket",
-}
-
-
-def merge_translog(location: DeltaLocation, updates: pa.Table, metadata: dict[str, Any]) -> int:
-    """Upsert translog rows (one commit); returns the new table version."""
-    table = ensure_translog(location)
-    (
-        table.merge(
-            updates.select(TRANSLOG_SCHEMA.names).cast(TRANSLOG_SCHEMA),
-            predicate="t.origin = s.origin AND t.id = s.id",
-            source_alias="s",
-            target_alias="t",
-            commit_properties=CommitProperties(custom_metadata=metadata, max_commit_retries=20),
-        )
-        .when_matched_update(TRANSLOG_UPDATE)
-        .when_not_matched_insert_all()
-        .execute()
+        .repartitionByRange(max(1, ds.settings.spark_shuffle_partitions // 4), "bucket")
+        .sortWithinPartitions("bucket", "origin", "id")
     )
-    table.update_incremental()
-    return table.version()
+    adds = write_parquet(merged, location.uri, options, TRANSLOG_SCHEMA, prefix="translog")
+    removes = [remove_action(f.path, f.size, f.partition_values) for f in old_files]
+    if not adds and not removes:
+        return None
+    return commit(location, [*removes, *adds], schema=TRANSLOG_SCHEMA, metadata=metadata)
 
 
 def _flush_batch(
@@ -273,32 +271,28 @@ def _flush_batch(
     crash_point("after_statements_commit")
     # Statements in the main table (now including the new ones) get a translog row;
     # a tombstone for a statement that never reached the table has nothing to mark.
-    updates = (
-        keyed.where(F.col("in_main").isNotNull() | F.col("deleted_at").isNull())
-        .select(
-            "id",
-            F.col("bucket").cast("int").alias("bucket"),
-            "first_seen",
-            "last_seen",
-            "deleted_at",
-            "origin",
-            F.col("in_main").isNotNull().alias("in_main"),
-        )
-        .toArrow()
+    updates = keyed.where(F.col("in_main").isNotNull() | F.col("deleted_at").isNull()).select(
+        "id",
+        F.col("bucket").cast("int").alias("bucket"),
+        "first_seen",
+        "last_seen",
+        "deleted_at",
+        "origin",
+        "in_main",
     )
+    counts = updates.agg(
+        F.count(F.when(F.col("deleted_at").isNotNull(), 1)).alias("tombstones"),
+        F.count(F.when(F.col("in_main").isNotNull() & F.col("deleted_at").isNull(), 1)).alias(
+            "duplicates"
+        ),
+    ).collect()[0]
+    version = rewrite_translog(spark, ds, updates, span, meta)
+    if version is not None:
+        result.translog_version = version
+    result.tombstones += int(counts["tombstones"])
+    result.duplicates += int(counts["duplicates"])
     reduced.unpersist()
     keyed.unpersist()
-    if updates.num_rows:
-        updates = updates.sort_by(
-            [("bucket", "ascending"), ("origin", "ascending"), ("id", "ascending")]
-        )
-        result.translog_version = merge_translog(ds.translog_table, updates, meta)
-        flags = updates.to_pydict()
-        for was_there, deleted in zip(flags["in_main"], flags["deleted_at"], strict=True):
-            if deleted is not None:
-                result.tombstones += 1
-            elif was_there:
-                result.duplicates += 1
     crash_point("after_translog_commit")
     result.journal_rows += events_arrow.num_rows
     result.batches += 1

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 from followthemoney.dataset import Dataset as FtmDataset
 from followthemoney.statement import Statement
 from followthemoney.statement.entity import StatementEntity
@@ -45,9 +46,11 @@ SELECT {columns},
        m.origin
 FROM main AS m
 LEFT JOIN translog AS t ON t.origin = m.origin AND t.id = m.id AND t.bucket = m.bucket
-WHERE t.deleted_at IS NULL {where}
+WHERE t.deleted_at IS NULL
 ORDER BY m.canonical_id, m.prop, m.value, m.origin, m.id
 """
+
+LIVE_SCHEMA = pa.schema([STATEMENTS_SCHEMA.field(c) for c in (*STATEMENT_FIELDS, "origin")])
 
 _COLUMNS = ", ".join(f"m.{c}" for c in STATEMENT_FIELDS if c not in ("first_seen", "last_seen"))
 
@@ -64,33 +67,35 @@ def live_statements(
     origin: str | None = None,
 ) -> pa.Table:
     """Live statements (optionally of some entities / one origin), sorted, as Arrow."""
-    main = Snapshot.load(ds.statements_table)
-    log = Snapshot.load(ds.translog_table)
-    options = ds.statements_table.storage_options
     buckets = sorted({bucket_of(e) for e in entity_ids}) if entity_ids else None
     span = (buckets[0], buckets[-1]) if buckets else None
+    options = ds.statements_table.storage_options
+    main_files = Snapshot.load(ds.statements_table).select(span)
+    if not main_files:
+        return pa.Table.from_batches([], schema=LIVE_SCHEMA)
+    # pyarrow filters the scans (pruning row groups by their statistics); the
+    # filters are ours, so they bind to whatever string type a file was written
+    # with (delta-rs writes string_view, Spark plain string).
+    where: pc.Expression | None = None
+    if buckets and entity_ids:
+        where = pc.field("bucket").isin(buckets) & pc.field("canonical_id").isin(list(entity_ids))
+    if origin is not None:
+        match = pc.field("origin") == cv.origin(origin)
+        where = match if where is None else where & match
+    main = arrow_dataset(main_files, STATEMENTS_SCHEMA, options, partition=STATEMENTS_PARTITION)
+    rows = main.to_table(filter=where)
+    if rows.num_rows == 0:
+        return pa.Table.from_batches([], schema=LIVE_SCHEMA)
+    log_files = Snapshot.load(ds.translog_table).select(span)
+    log_filter = pc.field("id").isin(rows.column("id").combine_chunks())
+    if buckets:
+        log_filter = pc.field("bucket").isin(buckets) & log_filter
+    log = arrow_dataset(log_files, TRANSLOG_SCHEMA, options).to_table(filter=log_filter)
     con = duckdb.connect()
     try:
-        con.register(
-            "main",
-            arrow_dataset(
-                main.select(span), STATEMENTS_SCHEMA, options, partition=STATEMENTS_PARTITION
-            ),
-        )
-        con.register("translog", arrow_dataset(log.select(span), TRANSLOG_SCHEMA, options))
-        clauses: list[str] = []
-        params: list[Any] = []
-        if entity_ids:
-            # bucket first: pyarrow prunes row groups on it before the id test
-            clauses.append(f"m.bucket IN ({', '.join('?' for _ in buckets or [])})")
-            params.extend(buckets or [])
-            clauses.append(f"m.canonical_id IN ({', '.join('?' for _ in entity_ids)})")
-            params.extend(entity_ids)
-        if origin is not None:
-            clauses.append("m.origin = ?")
-            params.append(cv.origin(origin))
-        where = "".join(f" AND {c}" for c in clauses)
-        return con.execute(LIVE_SQL.format(columns=_COLUMNS, where=where), params).to_arrow_table()
+        con.register("main", rows)
+        con.register("translog", log)
+        return con.execute(LIVE_SQL.format(columns=_COLUMNS)).to_arrow_table()
     finally:
         con.close()
 

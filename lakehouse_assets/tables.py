@@ -98,6 +98,7 @@ class DataFile:
     """One Parquet file of a snapshot, as the Delta log describes it."""
 
     uri: str
+    path: str
     size: int
     partition_values: Mapping[str, str | None]
     min_bucket: int | None
@@ -135,6 +136,7 @@ class Snapshot:
             files.append(
                 DataFile(
                     uri=f"{root}/{action['path']}",
+                    path=action["path"],
                     size=int(action["size_bytes"]),
                     partition_values=parts,
                     min_bucket=action.get("min.bucket"),

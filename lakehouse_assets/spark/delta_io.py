@@ -175,6 +175,7 @@ def write_parquet(
     *,
     partition: str | None = None,
     prefix: str = "part",
+    data_change: bool = True,
 ) -> list[AddAction]:
     """Let Spark's tasks write ``df`` as Parquet into a table folder; return AddActions.
 

@@ -1,0 +1,51 @@
+"""Interactive reads through DuckDB: get, query with ftmq filters, origin, flush-first."""
+
+from __future__ import annotations
+
+from ftmq.query import M, P, Query
+
+from lakehouse_assets.lake import Lakehouse
+from lakehouse_assets_tests.conftest import sample_entities
+
+
+def test_get_and_query(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    ds = lake.create_dataset("querying")
+    entities = sample_entities()
+    for e in entities:
+        ds.add_entity(e, origin="crawl")
+    person = next(e for e in entities if e["schema"] == "Person")
+    ds.add_entity(
+        {"id": person["id"], "schema": "Person", "properties": {"nationality": ["at"]}},
+        origin="enrich",
+    )
+    # query flushes first by default
+    everything = list(ds.query())
+    assert len(everything) == len(entities)
+    assert ds.journal.count(ds.name) == 0
+
+    got = ds.get_entity(str(person["id"]))
+    assert got is not None and got.schema.name == "Person"
+    assert "at" in got.get("nationality")
+    assert set(got.to_dict()["origin"]) == {"crawl", "enrich"}
+    only_enrich = ds.get_entity(str(person["id"]), origin="enrich")
+    assert only_enrich is not None and only_enrich.get("name") == []
+    assert ds.get_entity("no-such-entity") is None
+
+    people = list(ds.query(Query().where(M(schema="Person"))))
+    assert {e.id for e in people} == {e["id"] for e in entities if e["schema"] == "Person"}
+    german = list(ds.query(Query().where(M(schema="Company"), P(jurisdiction="de"))))
+    assert [e.id for e in german] == ["acme-trading"]
+    some = list(ds.query(entity_ids=["acme-trading", str(person["id"])]))
+    assert sorted(e.id for e in some) == sorted(["acme-trading", str(person["id"])])
+
+
+def test_query_without_flush_does_not_see_the_journal(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    ds = local_lake.create_dataset("noflush")
+    entities = sample_entities()
+    ds.add_entity(entities[0])
+    assert list(ds.query(flush=False)) == []
+    assert ds.get_entity(str(entities[0]["id"])) is None  # get does not flush by default
+    assert ds.get_entity(str(entities[0]["id"]), flush=True) is not None
+    ds.add_entity(entities[1])
+    assert len(list(ds.query(flush=False))) == 1
+    assert len(list(ds.query())) == 2
