@@ -30,19 +30,21 @@ the process kill itself (SIGKILL) at that point.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.delta import commit, remove_action
-from lakehouse_assets.journal import COLUMNS
-from lakehouse_assets.spark.delta_io import read_snapshot, write_parquet
+from lakehouse_assets.spark.delta_io import arrow_frame, read_snapshot, write_parquet
 from lakehouse_assets.spark.session import get_spark
 from lakehouse_assets.tables import (
     STATEMENT_FIELDS,
@@ -57,6 +59,8 @@ if TYPE_CHECKING:
 
     from lakehouse_assets.lake import Dataset
 
+log = logging.getLogger(__name__)
+
 #: Lock name shared by every operation that writes a dataset's Delta tables
 #: (flush, compact, optimize): one writer at a time, readers never wait.
 TABLES_LOCK = "tables"
@@ -66,18 +70,6 @@ CRASH_POINTS = (
     "after_statements_commit",
     "after_translog_commit",
     "before_journal_clear",
-)
-
-#: Arrow types of the journal rows read for a batch (``seq`` then ``COLUMNS``).
-EVENTS_SCHEMA = pa.schema(
-    [("seq", pa.int64())]
-    + [
-        (
-            name,
-            pa.int32() if name == "bucket" else pa.bool_() if name == "external" else pa.string(),
-        )
-        for name in COLUMNS
-    ]
 )
 
 
@@ -129,31 +121,6 @@ def plan_batches(buckets: Sequence[tuple[int, int]], batch_rows: int) -> list[li
         batches[-1].append(bucket)
         size += rows
     return batches
-
-
-def _read_events(ds: Dataset, buckets: Sequence[int], max_seq: int) -> pa.Table:
-    """The journal rows of some buckets as Arrow, built in chunks (bounded memory)."""
-    names = EVENTS_SCHEMA.names
-    chunks: list[pa.RecordBatch] = []
-    rows: list[tuple[Any, ...]] = []
-
-    def emit() -> None:
-        columns = list(zip(*rows, strict=True))
-        chunks.append(
-            pa.RecordBatch.from_arrays(
-                [pa.array(col, type=EVENTS_SCHEMA.field(i).type) for i, col in enumerate(columns)],
-                names=names,
-            )
-        )
-        rows.clear()
-
-    for row in ds.journal.read_buckets(ds.name, buckets, max_seq):
-        rows.append(row)
-        if len(rows) >= 100_000:
-            emit()
-    if rows:
-        emit()
-    return pa.Table.from_batches(chunks, schema=EVENTS_SCHEMA)
 
 
 def _reduce(events: DataFrame) -> DataFrame:
@@ -213,19 +180,39 @@ def rewrite_translog(
     return commit(location, [*removes, *adds], schema=TRANSLOG_SCHEMA, metadata=metadata)
 
 
+class _Steps:
+    """Logs how long each step of a flush batch took (``-v`` / INFO)."""
+
+    def __init__(self, dataset: str) -> None:
+        self.dataset = dataset
+        self.clock = time.monotonic()
+
+    def __call__(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        log.info("flush %s: " + message + " (%.2f s)", self.dataset, *args, now - self.clock)
+        self.clock = now
+
+
 def _flush_batch(
-    spark: SparkSession, ds: Dataset, buckets: list[int], max_seq: int, result: FlushResult
+    spark: SparkSession,
+    ds: Dataset,
+    buckets: list[int],
+    max_seq: int,
+    result: FlushResult,
+    staging: Path,
 ) -> None:
     from pyspark.sql import functions as F
 
-    events_arrow = _read_events(ds, buckets, max_seq)
+    step = _Steps(ds.name)
+    events_arrow = ds.journal.read_buckets(ds.name, buckets, max_seq)
+    step("read %d journal rows", events_arrow.num_rows)
     if events_arrow.num_rows == 0:
         return
     meta = {"lakehouse.operation": "flush", "dataset": ds.name, "max_seq": str(max_seq)}
     span = (min(buckets), max(buckets))
     main = ds.statements_table
     options = main.storage_options
-    events = spark.createDataFrame(events_arrow)
+    events = arrow_frame(spark, events_arrow, staging)
     reduced = _reduce(events).cache()
     main_files = Snapshot.load(main).select(span)
     in_main = (
@@ -252,12 +239,13 @@ def _flush_batch(
             F.col("bucket").cast("int").alias("bucket"),
             "origin",
         )
-        .repartitionByRange(max(1, events_arrow.num_rows // 1_000_000), "bucket", "canonical_id")
+        .repartitionByRange(max(1, ds.settings.spark_shuffle_partitions), "bucket", "canonical_id")
         .sortWithinPartitions("bucket", "canonical_id", "prop", "value", "origin")
     )
     actions = write_parquet(
         new, main.uri, options, STATEMENTS_SCHEMA, partition=STATEMENTS_PARTITION
     )
+    step("wrote %d new statement files", len(actions))
     crash_point("after_parquet")
     if actions:
         result.statements_version = commit(
@@ -268,6 +256,7 @@ def _flush_batch(
             metadata=meta,
         )
         result.new += sum(_num_records(a.stats) for a in actions)
+    step("committed statements")
     crash_point("after_statements_commit")
     # Statements in the main table (now including the new ones) get a translog row;
     # a tombstone for a statement that never reached the table has nothing to mark.
@@ -286,7 +275,9 @@ def _flush_batch(
             "duplicates"
         ),
     ).collect()[0]
+    step("counted duplicates/tombstones")
     version = rewrite_translog(spark, ds, updates, span, meta)
+    step("rewrote translog")
     if version is not None:
         result.translog_version = version
     result.tombstones += int(counts["tombstones"])
@@ -317,8 +308,9 @@ def flush(ds: Dataset, *, batch_rows: int | None = None) -> FlushResult:
         if max_seq is not None:
             spark = get_spark(ds.settings)
             rows = batch_rows or ds.settings.flush_batch_rows
-            for buckets in plan_batches(ds.journal.buckets(ds.name, max_seq), rows):
-                _flush_batch(spark, ds, buckets, max_seq, result)
+            with tempfile.TemporaryDirectory(prefix="lakehouse-flush-") as staging:
+                for buckets in plan_batches(ds.journal.buckets(ds.name, max_seq), rows):
+                    _flush_batch(spark, ds, buckets, max_seq, result, Path(staging))
         # last_flushed is the moment max_seq was taken: a write that raced the
         # flush is newer, so the next ensure_flush still picks it up.
         ds.core_tags.set(cv.JOURNAL_LAST_FLUSHED, started)

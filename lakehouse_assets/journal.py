@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+import pyarrow as pa
 from followthemoney.statement import Statement
 from sqlalchemy import (
     BigInteger,
@@ -76,6 +77,18 @@ journal_table = Table(
 COLUMNS: tuple[str, ...] = tuple(c.name for c in journal_table.columns if c.name != "seq")
 
 Row = tuple[Any, ...]
+
+#: Arrow types of the rows flush reads (``seq`` then ``COLUMNS``).
+EVENTS_SCHEMA = pa.schema(
+    [("seq", pa.int64())]
+    + [
+        (
+            name,
+            pa.int32() if name == "bucket" else pa.bool_() if name == "external" else pa.string(),
+        )
+        for name in COLUMNS
+    ]
+)
 
 
 def bucket_of(canonical_id: str) -> int:
@@ -295,20 +308,41 @@ class Journal:
         with self.engine.connect() as conn:
             return [(int(b), int(n)) for b, n in conn.execute(q)]
 
-    def read_buckets(
-        self, dataset: str, buckets: Sequence[int], max_seq: int
-    ) -> Iterator[tuple[Any, ...]]:
-        """Rows ``(seq, *COLUMNS)`` of some buckets, in (bucket, origin, canonical_id, seq) order."""
+    def read_buckets(self, dataset: str, buckets: Sequence[int], max_seq: int) -> pa.Table:
+        """Rows ``(seq, *COLUMNS)`` of some buckets as Arrow (:data:`EVENTS_SCHEMA`),
+        in (bucket, origin, canonical_id, seq) order.
+
+        Flush reads millions of rows: they go into Arrow columns chunk by
+        chunk, so memory holds one chunk of Python rows at a time.
+        (ADBC's SQLite driver would be faster but links a second SQLite into
+        the process, which breaks SQLite's file locking: it was seen reading a
+        stale snapshot of the WAL journal.)
+        """
         t = journal_table
         q = (
             select(t.c.seq, *[t.c[c] for c in COLUMNS])
             .where(t.c.dataset == dataset, t.c.seq <= max_seq, t.c.bucket.in_(list(buckets)))
             .order_by(t.c.bucket, t.c.origin, t.c.canonical_id, t.c.seq)
         )
+        chunks = []
+        external = EVENTS_SCHEMA.get_field_index("external")
         with self.engine.connect() as conn:
-            result = conn.execution_options(stream_results=True, yield_per=20_000).execute(q)
-            for row in result:
-                yield tuple(row)
+            result = conn.execution_options(stream_results=True, yield_per=50_000).execute(q)
+            # partitions(), not the raw cursor: SQLAlchemy pre-buffers rows
+            # of a streamed result, and reading past it would skip them.
+            for rows in result.partitions():
+                columns = list(zip(*rows, strict=True))
+                columns[external] = tuple(bool(v) for v in columns[external])
+                chunks.append(
+                    pa.RecordBatch.from_arrays(
+                        [
+                            pa.array(c, type=f.type)
+                            for c, f in zip(columns, EVENTS_SCHEMA, strict=True)
+                        ],
+                        schema=EVENTS_SCHEMA,
+                    )
+                )
+        return pa.Table.from_batches(chunks, schema=EVENTS_SCHEMA)
 
     # --- clearing -------------------------------------------------------
 

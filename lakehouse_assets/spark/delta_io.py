@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -32,7 +33,7 @@ from deltalake.transaction import AddAction
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from lakehouse_assets.delta import file_stats, unique_file_name
-from lakehouse_assets.tables import DataFile, arrow_filesystem, partition_dir
+from lakehouse_assets.tables import DataFile, arrow_filesystem, partition_dir, physical_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -139,6 +140,8 @@ def read_snapshot(
     spark_schema = from_arrow_schema(schema)
     if not files:
         return spark.createDataFrame([], spark_schema)
+    if all("://" not in f.uri for f in files):
+        return _read_local(spark, files, schema, partition, buckets)
     _register(spark)
     payload = [
         {"uri": f.uri, "size": f.size, "partition_values": dict(f.partition_values)} for f in files
@@ -162,6 +165,58 @@ class _PartWriter:
     sink: Any
     writer: pq.ParquetWriter
     collector: list[pq.FileMetaData]
+
+
+def arrow_frame(spark: SparkSession, table: pa.Table, staging: Path | None = None) -> DataFrame:
+    """An Arrow table from the driver as a DataFrame, fast.
+
+    ``createDataFrame(arrow)`` ships the rows through py4j and keeps them as one
+    local relation (seconds per million rows, re-read on every use). On a
+    local master the driver's disk is the executors' disk: write the table as
+    Parquet there and let Spark's vectorised reader scan it. On a cluster we
+    fall back to ``createDataFrame``.
+    """
+    master = spark.sparkContext.master or ""
+    if staging is None or not master.startswith("local"):
+        return spark.createDataFrame(table)
+    staging.mkdir(parents=True, exist_ok=True)
+    path = staging / unique_file_name("events")
+    pq.write_table(table, path, compression="none", row_group_size=128_000)
+    return spark.read.parquet(str(path))
+
+
+def _read_local(
+    spark: SparkSession,
+    files: Sequence[DataFile],
+    schema: pa.Schema,
+    partition: str | None,
+    buckets: Sequence[int] | None,
+) -> DataFrame:
+    """Files on a disk Spark can see: its native vectorised Parquet reader.
+
+    Partition discovery is off (``recursiveFileLookup``): the partition value
+    comes from the Delta log, as in the Python source.
+    """
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    stored = from_arrow_schema(physical_schema(schema, partition))
+    groups: dict[str | None, list[str]] = {}
+    for file in files:
+        value = file.partition_values.get(partition) if partition else None
+        groups.setdefault(value, []).append(file.uri)
+    frames = []
+    for value, paths in sorted(groups.items(), key=lambda kv: kv[0] or ""):
+        frame = spark.read.schema(stored).option("recursiveFileLookup", "true").parquet(*paths)
+        if partition is not None:
+            frame = frame.withColumn(partition, F.lit(value).cast("string"))
+        frames.append(frame.select(*schema.names))
+    result = reduce(lambda a, b: a.unionByName(b), frames)
+    if buckets is not None:
+        result = result.where(F.col("bucket").isin(sorted(set(buckets))))
+    return result
 
 
 WRITE_RESULT = "path string, size long, partition string, stats string, rows long"

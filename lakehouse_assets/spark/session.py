@@ -37,6 +37,10 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # Delta expects microsecond timestamps (Spark's default is INT96).
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # Our heavy steps are Python tasks (FtM aggregation, Parquet writers):
+        # AQE would merge "small" shuffle partitions into one task, i.e. one
+        # core. Keep the partitions we ask for.
+        "spark.sql.adaptive.coalescePartitions.enabled": "false",
         "spark.sql.sources.partitionOverwriteMode": "dynamic",
         "spark.driver.bindAddress": "127.0.0.1"
         if settings.spark_master.startswith("local")
