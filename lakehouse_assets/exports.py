@@ -46,6 +46,7 @@ from ftmq.model.stats import Collector, DatasetStats
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.flush import crash_point, ensure_flush
+from lakehouse_assets.query import SORT
 from lakehouse_assets.spark.delta_io import read_snapshot
 from lakehouse_assets.spark.session import get_spark
 from lakehouse_assets.storage import LocalStore
@@ -140,7 +141,6 @@ def live_frame(spark: SparkSession, ds: Dataset) -> DataFrame:
 
 # --- the Spark pass ----------------------------------------------------------
 
-SORT = ("canonical_id", "prop", "value", "origin", "id")
 TASK_RESULT = "part long, csv string, json string, rows long, entities long, stats string"
 
 

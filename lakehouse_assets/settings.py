@@ -73,7 +73,10 @@ class Settings(BaseSettings):
         default="local[*]",
         description="Spark master URL: local[*] (embedded) or spark://host:7077, ...",
     )
-    spark_driver_memory: str = Field(default="4g", description="spark.driver.memory.")
+    spark_driver_memory: str = Field(
+        default="2g",
+        description="spark.driver.memory (local[*]: the whole local Spark; it spills beyond).",
+    )
     spark_shuffle_partitions: int = Field(
         default=8, description="spark.sql.shuffle.partitions (small is right for 2 cores)."
     )

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 #: Row groups of this many rows keep point lookups (get entity) cheap.
-ROW_GROUP_SIZE = 64_000
+ROW_GROUP_SIZE = 16_384
 
 SOURCE_NAME = "lakehouse_snapshot"
 
