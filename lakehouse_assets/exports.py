@@ -335,6 +335,8 @@ def _run_pass(ds: Dataset, kinds: frozenset[str]) -> dict[str, dict[str, Any]]:
     from pyspark.sql import functions as F
 
     spark = get_spark(ds.settings)
+    # We hold the export lock: anything left in staging is from a run that died.
+    _remove_tree(ds, cv.dataset_path(ds.name, STAGING))
     staging_rel = cv.dataset_path(ds.name, STAGING, f"export-{uuid.uuid4().hex}")
     staging_uri = ds.store.full_uri(staging_rel)
     options = dict(ds.statements_table.storage_options)

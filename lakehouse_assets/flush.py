@@ -14,7 +14,9 @@ The specification's process, made crash-safe:
    Parquet, delta-rs commits them (one append).
 4. The translog gets one row per statement that is in the main table:
    ``first_seen``/``last_seen`` widened, ``deleted_at`` from the last event.
-   This is a delta-rs MERGE (one commit).
+   Spark rewrites the translog files whose bucket range overlaps the batch
+   (old rows merged with the updates); one commit removes the old files and
+   adds the new ones.
 5. Only then are the batch's journal rows deleted.
 
 Why this survives a crash anywhere: newness is decided against the main

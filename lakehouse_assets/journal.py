@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -129,7 +129,11 @@ def statement_row(
 
 def row_statement(row: Sequence[Any]) -> Statement:
     """Back from a journal row (in ``COLUMNS`` order) to a ``Statement``."""
-    data = dict(zip(COLUMNS, row, strict=False))
+    return statement_from_mapping(dict(zip(COLUMNS, row, strict=False)))
+
+
+def statement_from_mapping(data: Mapping[str, Any]) -> Statement:
+    """A ``Statement`` from a mapping of our column names (journal or table row)."""
     return Statement(
         id=data["id"],
         entity_id=data["entity_id"],

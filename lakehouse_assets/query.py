@@ -25,7 +25,7 @@ from followthemoney.statement.entity import StatementEntity
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import SourceNotFoundError
-from lakehouse_assets.journal import bucket_of
+from lakehouse_assets.journal import bucket_of, statement_from_mapping
 from lakehouse_assets.tables import (
     STATEMENT_FIELDS,
     STATEMENTS_PARTITION,
@@ -97,21 +97,7 @@ def live_statements(
 
 def to_statements(table: pa.Table) -> Iterator[Statement]:
     for row in table.to_pylist():
-        yield Statement(
-            id=row["id"],
-            entity_id=row["entity_id"],
-            canonical_id=row["canonical_id"],
-            prop=row["prop"],
-            schema=row["schema"],
-            value=row["value"],
-            dataset=row["dataset"],
-            lang=row["lang"],
-            original_value=row["original_value"],
-            external=bool(row["external"]),
-            first_seen=row["first_seen"],
-            last_seen=row["last_seen"],
-            origin=row["origin"],
-        )
+        yield statement_from_mapping(row)
 
 
 def aggregate(dataset: str, statements: Iterable[Statement]) -> Iterator[StatementEntity]:

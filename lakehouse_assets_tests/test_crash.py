@@ -105,6 +105,8 @@ def test_export_killed_before_replace_keeps_previous_file(spark, tmp_path: Path)
     ds.flush()
     run_killed(lake, ds.name, "export_before_replace", "export")
     assert (lake.store.read_bytes(csv_path), lake.store.read_bytes(json_path)) == before
+    assert list(lake.store.list(cv.dataset_path(ds.name, ".staging")))  # the dead run's parts
     ds.export(["statements", "entities"], force=True)
+    assert not list(lake.store.list(cv.dataset_path(ds.name, ".staging")))  # cleaned up
     lines = lake.store.read_bytes(json_path).splitlines()
     assert len(lines) == len(sample_entities())
