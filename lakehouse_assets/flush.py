@@ -140,12 +140,22 @@ def _reduce(events: DataFrame) -> DataFrame:
     )
 
 
+def _tasks(ds: Dataset, rows: int, old_bytes: int) -> int:
+    """How many files a write should produce: one per ~250k rows (or 32 MB of
+    old files it replaces), at most one per shuffle partition, at least one.
+
+    A small flush then writes one small file, not one per partition."""
+    wanted = rows // 250_000 + old_bytes // (32 * 1024 * 1024) + 1
+    return max(1, min(ds.settings.spark_shuffle_partitions, wanted))
+
+
 def rewrite_translog(
     spark: SparkSession,
     ds: Dataset,
     updates: DataFrame,
     span: tuple[int, int],
     metadata: dict[str, str],
+    rows: int,
 ) -> int | None:
     """Upsert translog rows: rewrite the files that may hold them, in one commit.
 
@@ -172,7 +182,7 @@ def rewrite_translog(
             .otherwise(F.col("t.deleted_at"))
             .alias("deleted_at"),
         )
-        .repartitionByRange(max(1, ds.settings.spark_shuffle_partitions // 4), "bucket")
+        .repartitionByRange(_tasks(ds, rows, sum(f.size for f in old_files)), "bucket")
         .sortWithinPartitions("bucket", "origin", "id")
     )
     adds = write_parquet(merged, location.uri, options, TRANSLOG_SCHEMA, prefix="translog")
@@ -241,7 +251,7 @@ def _flush_batch(
             F.col("bucket").cast("int").alias("bucket"),
             "origin",
         )
-        .repartitionByRange(max(1, ds.settings.spark_shuffle_partitions), "bucket", "canonical_id")
+        .repartitionByRange(_tasks(ds, events_arrow.num_rows, 0), "bucket", "canonical_id")
         .sortWithinPartitions("bucket", "canonical_id", "prop", "value", "origin")
     )
     actions = write_parquet(
@@ -278,7 +288,7 @@ def _flush_batch(
         ),
     ).collect()[0]
     step("counted duplicates/tombstones")
-    version = rewrite_translog(spark, ds, updates, span, meta)
+    version = rewrite_translog(spark, ds, updates, span, meta, events_arrow.num_rows)
     step("rewrote translog")
     if version is not None:
         result.translog_version = version
