@@ -38,7 +38,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +93,6 @@ class FlushResult:
     statements_version: int | None = None
     translog_version: int | None = None
     seconds: float = 0.0
-    buckets: list[int] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -299,7 +298,6 @@ def _flush_batch(
     crash_point("after_translog_commit")
     result.journal_rows += events_arrow.num_rows
     result.batches += 1
-    result.buckets.extend(buckets)
     crash_point("before_journal_clear")
     ds.journal.clear(ds.name, buckets=buckets, max_seq=max_seq)
 

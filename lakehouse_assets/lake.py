@@ -293,7 +293,7 @@ class Dataset:
         self.journal.write([row])
         self.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
 
-    # --- data plane (Spark for batch work, DuckDB for reads) -------------
+    # --- data plane (Spark for batch work, pyarrow for point reads) ------
 
     def flush(self, batch_rows: int | None = None) -> FlushResult:
         """Move the journal into the Delta statements table and translog."""

@@ -8,9 +8,8 @@ the main table is append-only between compactions, the translog says what
 is live.
 
 Readers never guess from directory names: files and partition values come
-from the Delta log (delta-rs), so non-ASCII origins and S3 lakes work the
-same way for Spark (through :mod:`lakehouse_assets.spark.delta_io`), DuckDB
-and pyarrow.
+from the Delta log (delta-rs), so local and S3 lakes read the same way for
+Spark (through :mod:`lakehouse_assets.spark.delta_io`), DuckDB and pyarrow.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from pyarrow import fs as pafs
 
 from lakehouse_assets.delta import DeltaLocation
 
-#: Columns of followthemoney's statement model, in its CSV order, then ours.
+#: followthemoney's statement fields (its ``Statement`` model).
 STATEMENT_FIELDS: tuple[str, ...] = (
     "id",
     "entity_id",
@@ -43,24 +42,15 @@ STATEMENT_FIELDS: tuple[str, ...] = (
     "last_seen",
 )
 
+
+def column_type(name: str) -> pa.DataType:
+    """Arrow type of a statement column: all strings but these two."""
+    return {"external": pa.bool_(), "bucket": pa.int32()}.get(name, pa.string())
+
+
+#: The statements table: followthemoney's fields, the flush bucket, the origin.
 STATEMENTS_SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("entity_id", pa.string()),
-        ("canonical_id", pa.string()),
-        ("prop", pa.string()),
-        ("prop_type", pa.string()),
-        ("schema", pa.string()),
-        ("value", pa.string()),
-        ("dataset", pa.string()),
-        ("lang", pa.string()),
-        ("original_value", pa.string()),
-        ("external", pa.bool_()),
-        ("first_seen", pa.string()),
-        ("last_seen", pa.string()),
-        ("bucket", pa.int32()),
-        ("origin", pa.string()),
-    ]
+    [(name, column_type(name)) for name in (*STATEMENT_FIELDS, "bucket", "origin")]
 )
 
 TRANSLOG_SCHEMA = pa.schema(

@@ -27,16 +27,13 @@ from lakehouse_assets_tests.conftest import SHARED_DATA, sample_entities
 SORT = ("canonical_id", "prop", "value", "origin", "id")
 
 
-def test_entities() -> list[dict[str, Any]]:
+def input_entities() -> list[dict[str, Any]]:
     """Real data where ../shared is present (a slice of kek), else the sample."""
     kek = SHARED_DATA / "kek.ftm.json"
     if kek.exists():
         lines = kek.read_bytes().splitlines()[:400]
         return [orjson.loads(line) for line in lines if line.strip()]
     return sample_entities()
-
-
-test_entities.__test__ = False  # type: ignore[attr-defined]
 
 
 def acknowledged(ds: Dataset) -> list[Statement]:
@@ -71,7 +68,7 @@ def lines(ds: Dataset, path: str) -> Iterator[bytes]:
 @pytest.fixture
 def exported(spark, lake: Lakehouse) -> tuple[Dataset, list[Statement]]:  # type: ignore[no-untyped-def]
     ds = lake.create_dataset("exporting", title="Exporting test")
-    entities = test_entities()
+    entities = input_entities()
     with ds.bulk(origin="crawl") as bulk:
         for e in entities:
             bulk.add_entity(e)
