@@ -81,6 +81,14 @@ class Settings(BaseSettings):
         default=8, description="spark.sql.shuffle.partitions (small is right for 2 cores)."
     )
     spark_ui_enabled: bool = Field(default=False, description="Serve Spark's web UI.")
+    # --- dagster ---
+    sensor_interval_seconds: int = Field(
+        default=30, description="How often the Dagster sensors look at the lake's tags."
+    )
+    archive_documents: bool = Field(
+        default=True,
+        description="The archive sensor writes a Document entity for each newly archived file.",
+    )
 
     def resolved_journal_url(self) -> str:
         """The journal URL, defaulting to a durable SQLite file."""

@@ -1,0 +1,212 @@
+"""The dataset-partitioned asset graph of the specification's dependency chain.
+
+    archive → journal → statements + translog → statements_csv,
+                                                entities_ftm_json,
+                                                statistics → index
+
+``archive`` and ``journal`` are written by tenants outside Dagster: they are
+external assets whose changes the sensors report (with the lake's tags as data
+versions). Everything downstream materializes on its own when they change
+(``AutomationCondition.eager()``): the flush first, then the exports that share
+one Spark pass, then the index.
+"""
+
+
+import time
+from collections.abc import Iterator
+
+import dagster as dg
+from pydantic import Field
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets.defs.metadata import (
+    export_metadata,
+    schema_distribution,
+    table_metadata,
+    table_summary,
+    tag_version,
+)
+from lakehouse_assets.defs.partitions import datasets
+from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
+from lakehouse_assets.exports import ENTITIES, INDEX, STATEMENTS, STATISTICS, export
+from lakehouse_assets.flush import flush
+
+SOURCES = "sources"
+TABLES = "tables"
+EXPORTS = "exports"
+
+#: Materialize when anything upstream changed (and on a new dataset).
+AUTOMATION = dg.AutomationCondition.eager()
+
+archive = dg.AssetSpec(
+    "archive",
+    partitions_def=datasets,
+    group_name=SOURCES,
+    kinds={"file"},
+    description="Source files, content-addressed (`{dataset}/archive/`). Written by tenants; "
+    "the `archive_files` sensor reports changes (data version: tag `archive/last_updated`).",
+)
+
+journal = dg.AssetSpec(
+    "journal",
+    deps=[archive],
+    partitions_def=datasets,
+    group_name=SOURCES,
+    kinds={"sql"},
+    description="The SQL buffer of written statements, not yet flushed. Written by tenants "
+    "(and by Document entities of archived files); the `journal_writes` sensor reports "
+    "changes (data version: tag `journal/last_updated`).",
+)
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec(
+            "statements",
+            deps=[journal],
+            group_name=TABLES,
+            kinds={"delta", "spark"},
+            automation_condition=AUTOMATION,
+            description="Delta table of statements, partitioned by origin "
+            "(`entities/statements`): the flush appends the journal's new statements.",
+        ),
+        dg.AssetSpec(
+            "translog",
+            deps=[journal],
+            group_name=TABLES,
+            kinds={"delta", "spark"},
+            automation_condition=AUTOMATION,
+            description="Delta table of first_seen / last_seen / deleted_at per statement "
+            "(`entities/translog`), updated by the same flush.",
+        ),
+    ],
+    partitions_def=datasets,
+)
+def flush_tables(
+    context: dg.AssetExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
+) -> Iterator[dg.MaterializeResult]:
+    """Flush the journal into the statements and translog tables (one Spark job)."""
+    ds = lakehouse.dataset(context.partition_key)
+    spark.session(ds.settings)
+    result = flush(ds)
+    context.log.info("flush of %s: %s", ds.name, result.as_dict())
+    counts = {
+        "new_statements": result.new,
+        "duplicate_statements": result.duplicates,
+        "tombstoned_statements": result.tombstones,
+        "journal_rows_flushed": result.journal_rows,
+        "duration_seconds": round(result.seconds, 3),
+    }
+    for key, location in (("statements", ds.statements_table), ("translog", ds.translog_table)):
+        summary = table_summary(location)
+        yield dg.MaterializeResult(
+            asset_key=key,
+            metadata={**table_metadata(summary), **counts},
+            data_version=dg.DataVersion(str(summary.version)) if summary.version is not None else None,
+        )
+
+
+class ExportConfig(dg.Config):
+    force: bool = Field(
+        default=False,
+        description="Rewrite even when the export is fresh (newer than the statements).",
+    )
+
+
+#: asset key → export kind of the library.
+EXPORT_KINDS = {
+    "statements_csv": STATEMENTS,
+    "entities_ftm_json": ENTITIES,
+    "statistics": STATISTICS,
+}
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec(
+            "statements_csv",
+            deps=["statements", "translog"],
+            group_name=EXPORTS,
+            kinds={"csv", "spark"},
+            automation_condition=AUTOMATION,
+            description="`exports/statements.csv`: live statements in followthemoney's "
+            "statement CSV format, sorted by entity.",
+        ),
+        dg.AssetSpec(
+            "entities_ftm_json",
+            deps=["statements", "translog"],
+            group_name=EXPORTS,
+            kinds={"json", "spark"},
+            automation_condition=AUTOMATION,
+            description="`entities.ftm.json`: one aggregated FtM entity per line.",
+        ),
+        dg.AssetSpec(
+            "statistics",
+            deps=["statements", "translog"],
+            group_name=EXPORTS,
+            kinds={"json", "spark"},
+            automation_condition=AUTOMATION,
+            description="`exports/statistics.json`: ftmq `DatasetStats` of the live entities.",
+        ),
+    ],
+    partitions_def=datasets,
+    can_subset=True,
+)
+def exports(
+    context: dg.AssetExecutionContext,
+    config: ExportConfig,
+    lakehouse: LakehouseResource,
+    spark: SparkResource,
+) -> Iterator[dg.MaterializeResult]:
+    """The selected exports in one Spark pass; fresh ones are kept (spec's freshness rule)."""
+    ds = lakehouse.dataset(context.partition_key)
+    spark.session(ds.settings)
+    selected = {k.to_user_string() for k in context.selected_asset_keys}
+    kinds = [kind for key, kind in EXPORT_KINDS.items() if key in selected]
+    result = export(ds, kinds, force=config.force)
+    if result.skipped:
+        context.log.info("fresh, not rewritten: %s", ", ".join(result.skipped))
+    for key, kind in EXPORT_KINDS.items():
+        if key not in selected:
+            continue
+        written = result.written.get(kind)
+        meta = export_metadata(ds, kind, written)
+        meta["duration_seconds"] = round(result.seconds, 3)
+        if kind == STATISTICS and written is not None:
+            stats = written.get("stats") or {}
+            meta["entity_count"] = int(stats.get("entity_count") or 0)
+            table = schema_distribution(stats)
+            if table:
+                meta["schema_distribution"] = dg.MetadataValue.md(table)
+        yield dg.MaterializeResult(
+            asset_key=key, metadata=meta, data_version=tag_version(ds, _tag(kind))
+        )
+
+
+def _tag(kind: str) -> str:
+    from lakehouse_assets.exports import EXPORTS as KINDS
+
+    return KINDS[kind][1]
+
+
+@dg.asset(
+    deps=["statements_csv", "entities_ftm_json", "statistics"],
+    partitions_def=datasets,
+    group_name=EXPORTS,
+    kinds={"json"},
+    automation_condition=AUTOMATION,
+    description="`index.json`: dataset metadata, statistics and links to the exports "
+    "(with a versioned copy under `versions/`).",
+)
+def index(context: dg.AssetExecutionContext, lakehouse: LakehouseResource) -> dg.MaterializeResult:
+    ds = lakehouse.dataset(context.partition_key)
+    clock = time.monotonic()
+    result = export(ds, [INDEX], force=True)
+    written = result.written.get(INDEX) or {}
+    meta = export_metadata(ds, INDEX, written)
+    meta["resources"] = int(written.get("resources", 0))
+    meta["duration_seconds"] = round(time.monotonic() - clock, 3)
+    return dg.MaterializeResult(metadata=meta, data_version=tag_version(ds, cv.EXPORTS_INDEX))
+
+
+ASSETS = [archive, journal, flush_tables, exports, index]

@@ -1,0 +1,117 @@
+"""What a materialization tells an operator: counts, versions, URIs, sizes.
+
+Helpers that turn library results and Delta logs into Dagster metadata, so the
+asset functions stay a few lines each.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+import pyarrow as pa
+
+from lakehouse_assets.delta import DeltaLocation
+from lakehouse_assets.lake import Dataset
+
+#: Dagster's tag for a reported event's data version (what staleness compares).
+DATA_VERSION_TAG = "dagster/data_version"
+
+
+@dataclass
+class TableSummary:
+    """A Delta table's current version, as its log describes it (no data read)."""
+
+    uri: str
+    version: int | None = None
+    rows: int = 0
+    files: int = 0
+    bytes: int = 0
+    rows_by_origin: Counter[str] = field(default_factory=Counter)
+
+
+def table_summary(location: DeltaLocation) -> TableSummary:
+    summary = TableSummary(uri=location.uri)
+    table = location.table()
+    if table is None:
+        return summary
+    summary.version = table.version()
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    for action in actions:
+        rows = int(action.get("num_records") or 0)
+        summary.rows += rows
+        summary.files += 1
+        summary.bytes += int(action.get("size_bytes") or 0)
+        origin = action.get("partition.origin")
+        if origin is not None:
+            summary.rows_by_origin[str(origin)] += rows
+    return summary
+
+
+def markdown_table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
+    head = list(header)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def table_metadata(summary: TableSummary) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "dagster/uri": summary.uri,
+        "dagster/partition_row_count": summary.rows,
+        "delta_version": summary.version if summary.version is not None else -1,
+        "files": summary.files,
+        "size_bytes": summary.bytes,
+    }
+    if summary.rows_by_origin:
+        meta["rows_by_origin"] = dg.MetadataValue.md(
+            markdown_table(["origin", "rows"], sorted(summary.rows_by_origin.items()))
+        )
+    return meta
+
+
+def schema_distribution(stats: Mapping[str, Any]) -> str | None:
+    """ftmq's ``DatasetStats`` schemata counts as a Markdown table."""
+    items = []
+    for group in ("things", "intervals"):
+        for item in (stats.get(group) or {}).get("schemata") or []:
+            items.append((item.get("name"), item.get("count", 0)))
+    if not items:
+        return None
+    items.sort(key=lambda kv: (-int(kv[1] or 0), str(kv[0])))
+    return markdown_table(["schema", "entities"], items)
+
+
+def export_metadata(ds: Dataset, kind: str, written: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Metadata of one export file, whether it was rewritten now or was fresh."""
+    from lakehouse_assets import conventions as cv
+    from lakehouse_assets.exports import EXPORTS
+
+    path, tag, mime = EXPORTS[kind]
+    full = cv.dataset_path(ds.name, path)
+    meta: dict[str, Any] = {
+        "dagster/uri": ds.store.full_uri(full),
+        "path": path,
+        "mime_type": mime,
+        "rewritten": written is not None,
+    }
+    if ds.store.exists(full):
+        meta["size_bytes"] = ds.store.size(full)
+    if written is not None:
+        if "rows" in written:
+            meta["dagster/partition_row_count"] = int(written["rows"])
+        if "sha256" in written:
+            meta["sha256"] = written["sha256"]
+    ts = ds.core_tags.get(tag)
+    if ts is not None:
+        meta["exported_at"] = dg.MetadataValue.timestamp(ts)
+    return meta
+
+
+def tag_version(ds: Dataset, tag: str) -> dg.DataVersion | None:
+    """A data version from a lake tag: it changes exactly when the tag moves."""
+    ts = ds.core_tags.get(tag)
+    return dg.DataVersion(ts.isoformat()) if ts is not None else None
