@@ -80,7 +80,7 @@ def _per_dataset(
     context: dg.ScheduleEvaluationContext, operation: str
 ) -> Iterator[dg.RunRequest]:
     tick = context.scheduled_execution_time
-    stamp = tick.strftime("%Y%m%dT%H%M") if tick else "manual"
+    stamp = tick.strftime("%Y%m%dT%H%M")
     for name in sorted(context.instance.get_dynamic_partitions(datasets.name)):
         yield dg.RunRequest(run_key=f"{operation}:{name}:{stamp}", partition_key=name)
 
