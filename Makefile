@@ -1,12 +1,16 @@
 # make demo  — set up .venv and run the demo on the embedded defaults
 # make test  — set up .venv and run the whole test suite
+# make ui    — the Dagster UI on 127.0.0.1 with the daemon, on the demo lake
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_LAKE ?= demo-lake
+UI_PORT ?= 3000
+# the persistent Dagster instance (runs, sensors' cursors, partitions)
+export DAGSTER_HOME := $(CURDIR)/dagster_home
 
-.PHONY: install demo test lint typecheck bench clean java
+.PHONY: install demo ui test lint typecheck bench clean java
 
 $(STAMP): pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11+"; exit 1; }
@@ -21,8 +25,11 @@ install: $(STAMP)
 java: install
 	@$(PY) -m lakehouse_assets.spark.java
 
-demo: install
+demo: install java
 	@LAKE=$(DEMO_LAKE) VENV=$(VENV) sh lakehouse_assets/sample/demo.sh
+
+ui: install java
+	LAKEHOUSE_LAKE_URI=$(DEMO_LAKE) $(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
 
 test: install java
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)

@@ -74,9 +74,14 @@ def test_definitions_load_with_the_specified_graph() -> None:
     assert job.executor_def.name == "in_process"
 
 
-def materialize(lake: Lakehouse, instance: dg.DagsterInstance, name: str) -> dg.ExecuteInProcessResult:
-    report_sources(instance, LakehouseResource(lake_uri=lake.settings.lake_uri,
-                                               journal_url=lake.settings.journal_url), name)
+def materialize(
+    lake: Lakehouse, instance: dg.DagsterInstance, name: str
+) -> dg.ExecuteInProcessResult:
+    report_sources(
+        instance,
+        LakehouseResource(lake_uri=lake.settings.lake_uri, journal_url=lake.settings.journal_url),
+        name,
+    )
     return dg.materialize(
         [*ASSETS, *CHECKS],
         selection=COMPUTED,
@@ -115,7 +120,9 @@ def instance() -> dg.DagsterInstance:
     return dg.DagsterInstance.ephemeral()
 
 
-def test_materialize_the_graph_twice(spark: Any, local_lake: Lakehouse, instance: dg.DagsterInstance) -> None:
+def test_materialize_the_graph_twice(
+    spark: Any, local_lake: Lakehouse, instance: dg.DagsterInstance
+) -> None:
     entities = sample_entities()
     ds = local_lake.create_dataset("graph_twice")
     with ds.bulk(origin="sample") as bulk:
@@ -168,7 +175,9 @@ def test_materialize_the_graph_twice(spark: Any, local_lake: Lakehouse, instance
     assert len(records) == 2
 
 
-def test_blocking_check_stops_bad_data(spark: Any, local_lake: Lakehouse, instance: dg.DagsterInstance) -> None:
+def test_blocking_check_stops_bad_data(
+    spark: Any, local_lake: Lakehouse, instance: dg.DagsterInstance
+) -> None:
     ds = local_lake.create_dataset("bad_data")
     ds.add_entity({"id": "ok", "schema": "Person", "properties": {"name": ["Ann"]}})
     # a row the API would refuse (unknown property), as a buggy writer could leave it
@@ -203,4 +212,6 @@ def test_fresh_exports_are_kept_and_reported(
     assert again.success
     mats = materializations(again)
     assert mats["statements"]["new_statements"] == 0
-    assert not any(mats[k]["rewritten"] for k in ("statements_csv", "entities_ftm_json", "statistics"))
+    assert not any(
+        mats[k]["rewritten"] for k in ("statements_csv", "entities_ftm_json", "statistics")
+    )

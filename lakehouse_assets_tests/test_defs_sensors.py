@@ -37,7 +37,9 @@ def context(
     )
 
 
-def test_new_dataset_becomes_a_partition(local_lake: Lakehouse, instance: dg.DagsterInstance) -> None:
+def test_new_dataset_becomes_a_partition(
+    local_lake: Lakehouse, instance: dg.DagsterInstance
+) -> None:
     assert isinstance(new_datasets(context(instance, local_lake)), dg.SkipReason)
     local_lake.create_dataset("first")
     local_lake.create_dataset("second")
@@ -102,7 +104,9 @@ def test_archive_file_requests_a_run_for_its_partition(
     assert {s.schema for s in entity} == {"Document"}
 
 
-def test_journal_write_reports_the_journal(local_lake: Lakehouse, instance: dg.DagsterInstance) -> None:
+def test_journal_write_reports_the_journal(
+    local_lake: Lakehouse, instance: dg.DagsterInstance
+) -> None:
     ds = local_lake.create_dataset("writes")
     instance.add_dynamic_partitions(datasets.name, ["writes"])
     assert isinstance(journal_writes(context(instance, local_lake)), dg.SkipReason)

@@ -11,7 +11,6 @@ versions). Everything downstream materializes on its own when they change
 one Spark pass, then the index.
 """
 
-
 import time
 from collections.abc import Iterator
 
@@ -31,9 +30,7 @@ from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.exports import ENTITIES, INDEX, STATEMENTS, STATISTICS, export
 from lakehouse_assets.flush import flush
 
-SOURCES = "sources"
-TABLES = "tables"
-EXPORTS = "exports"
+GROUP = "ftm_lakehouse"
 
 #: Materialize when anything upstream changed (and on a new dataset).
 AUTOMATION = dg.AutomationCondition.eager()
@@ -41,7 +38,7 @@ AUTOMATION = dg.AutomationCondition.eager()
 archive = dg.AssetSpec(
     "archive",
     partitions_def=datasets,
-    group_name=SOURCES,
+    group_name=GROUP,
     kinds={"file"},
     description="Source files, content-addressed (`{dataset}/archive/`). Written by tenants; "
     "the `archive_files` sensor reports changes (data version: tag `archive/last_updated`).",
@@ -51,7 +48,7 @@ journal = dg.AssetSpec(
     "journal",
     deps=[archive],
     partitions_def=datasets,
-    group_name=SOURCES,
+    group_name=GROUP,
     kinds={"sql"},
     description="The SQL buffer of written statements, not yet flushed. Written by tenants "
     "(and by Document entities of archived files); the `journal_writes` sensor reports "
@@ -64,7 +61,7 @@ journal = dg.AssetSpec(
         dg.AssetSpec(
             "statements",
             deps=[journal],
-            group_name=TABLES,
+            group_name=GROUP,
             kinds={"delta", "spark"},
             automation_condition=AUTOMATION,
             description="Delta table of statements, partitioned by origin "
@@ -73,7 +70,7 @@ journal = dg.AssetSpec(
         dg.AssetSpec(
             "translog",
             deps=[journal],
-            group_name=TABLES,
+            group_name=GROUP,
             kinds={"delta", "spark"},
             automation_condition=AUTOMATION,
             description="Delta table of first_seen / last_seen / deleted_at per statement "
@@ -102,7 +99,9 @@ def flush_tables(
         yield dg.MaterializeResult(
             asset_key=key,
             metadata={**table_metadata(summary), **counts},
-            data_version=dg.DataVersion(str(summary.version)) if summary.version is not None else None,
+            data_version=dg.DataVersion(str(summary.version))
+            if summary.version is not None
+            else None,
         )
 
 
@@ -126,7 +125,7 @@ EXPORT_KINDS = {
         dg.AssetSpec(
             "statements_csv",
             deps=["statements", "translog"],
-            group_name=EXPORTS,
+            group_name=GROUP,
             kinds={"csv", "spark"},
             automation_condition=AUTOMATION,
             description="`exports/statements.csv`: live statements in followthemoney's "
@@ -135,7 +134,7 @@ EXPORT_KINDS = {
         dg.AssetSpec(
             "entities_ftm_json",
             deps=["statements", "translog"],
-            group_name=EXPORTS,
+            group_name=GROUP,
             kinds={"json", "spark"},
             automation_condition=AUTOMATION,
             description="`entities.ftm.json`: one aggregated FtM entity per line.",
@@ -143,7 +142,7 @@ EXPORT_KINDS = {
         dg.AssetSpec(
             "statistics",
             deps=["statements", "translog"],
-            group_name=EXPORTS,
+            group_name=GROUP,
             kinds={"json", "spark"},
             automation_condition=AUTOMATION,
             description="`exports/statistics.json`: ftmq `DatasetStats` of the live entities.",
@@ -192,7 +191,7 @@ def _tag(kind: str) -> str:
 @dg.asset(
     deps=["statements_csv", "entities_ftm_json", "statistics"],
     partitions_def=datasets,
-    group_name=EXPORTS,
+    group_name=GROUP,
     kinds={"json"},
     automation_condition=AUTOMATION,
     description="`index.json`: dataset metadata, statistics and links to the exports "

@@ -6,7 +6,6 @@ ids block the exports; dangling references only warn (a dataset may reference
 entities it does not hold yet).
 """
 
-
 from collections.abc import Iterator
 from typing import Any
 
@@ -184,4 +183,9 @@ def exports_match_statements(
     )
 
 
-CHECKS = [statements_schema_valid, statement_ids_valid, references_resolve, exports_match_statements]
+CHECKS = [
+    statements_schema_valid,
+    statement_ids_valid,
+    references_resolve,
+    exports_match_statements,
+]

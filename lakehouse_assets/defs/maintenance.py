@@ -5,7 +5,6 @@ are stored, not what they say. Each reports an observation of ``statements``
 so the UI shows the new table version next to the materializations.
 """
 
-
 from collections.abc import Iterator
 
 import dagster as dg
@@ -76,9 +75,7 @@ def compact_job() -> None:
     compact_tables()
 
 
-def _per_dataset(
-    context: dg.ScheduleEvaluationContext, operation: str
-) -> Iterator[dg.RunRequest]:
+def _per_dataset(context: dg.ScheduleEvaluationContext, operation: str) -> Iterator[dg.RunRequest]:
     tick = context.scheduled_execution_time
     stamp = tick.strftime("%Y%m%dT%H%M")
     for name in sorted(context.instance.get_dynamic_partitions(datasets.name)):

@@ -22,14 +22,17 @@ class LakehouseResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     """
 
     lake_uri: str | None = Field(
-        default=None, description="Local folder or s3://bucket/prefix (default: LAKEHOUSE_LAKE_URI)."
+        default=None,
+        description="Local folder or s3://bucket/prefix (default: LAKEHOUSE_LAKE_URI).",
     )
     journal_url: str | None = Field(
         default=None, description="SQLAlchemy URL of the journal (default: LAKEHOUSE_JOURNAL_URL)."
     )
 
     def settings(self) -> Settings:
-        updates = {k: v for k, v in (("lake_uri", self.lake_uri), ("journal_url", self.journal_url)) if v}
+        updates = {
+            k: v for k, v in (("lake_uri", self.lake_uri), ("journal_url", self.journal_url)) if v
+        }
         return Settings().model_copy(update=updates)
 
     def lake(self) -> Lakehouse:

@@ -14,7 +14,6 @@ dataset → last tag seen) live in Dagster's storage and survive restarts.
   tag), which makes the statements and exports stale; automation refreshes them.
 """
 
-
 import json
 from collections.abc import Iterable
 from datetime import datetime
@@ -175,7 +174,9 @@ def archive_files(
                 dg.RunRequest(
                     run_key=f"{ds.name}:{ts.isoformat()}",
                     partition_key=ds.name,
-                    run_config=dg.RunConfig(ops={"write_documents": DocumentsConfig(checksums=checksums)}),
+                    run_config=dg.RunConfig(
+                        ops={"write_documents": DocumentsConfig(checksums=checksums)}
+                    ),
                 )
             )
         updates[ds.name] = ts.isoformat()

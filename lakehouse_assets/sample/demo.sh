@@ -1,7 +1,8 @@
 #!/bin/sh
 # The demo: ingest the sample dataset through the CLI on the embedded
 # defaults (a lake folder in the checkout, SQLite journal, local Spark),
-# flush it into the Delta tables, write the four exports and show them.
+# then materialize the Dagster asset graph for it (flush into the Delta
+# tables, checks, the four exports) and show what it made.
 # Run by `make demo`.
 set -eu
 LAKE=${LAKE:-demo-lake}
@@ -38,27 +39,16 @@ print(f"  journal rows:     {lake.journal.count(ds.name)} statements waiting to 
 for key, ts in ds.core_tags.items():
     print(f"  tag {key:<22} {ts.isoformat()}")
 PY
-echo "== flush + exports (local Spark; the first start takes a few seconds)"
-$LH -d $DS make > "$LAKE/.make.json"
-"$VENV/bin/python" - "$LAKE" "$DS" "$LAKE/.make.json" <<'PY'
-import json, sys
-from pathlib import Path
+echo "== materializing the asset graph through Dagster (instance: \$DAGSTER_HOME=${DAGSTER_HOME:-unset})"
+echo "   flush -> statements + translog -> checks -> statements_csv, entities_ftm_json, statistics -> index"
+LAKEHOUSE_LAKE_URI=$LAKE "$VENV/bin/python" -m lakehouse_assets.defs.demo $DS 2>"$LAKE/.dagster.log" || {
+  echo "the Dagster run failed; its log:"; cat "$LAKE/.dagster.log"; exit 1; }
+"$VENV/bin/python" - "$LAKE" "$DS" <<'PY'
+import sys
 from lakehouse_assets import Lakehouse
-lake_dir, name, report = sys.argv[1:4]
-result = json.loads(Path(report).read_text())
-flushed = result["flushed"] or {}
-print(f"  flushed: {flushed.get('new', 0)} new statements, "
-      f"{flushed.get('duplicates', 0)} duplicates, {flushed.get('tombstones', 0)} tombstones")
-for kind, info in result["written"].items():
-    path = Path(lake_dir).resolve() / name / info["path"]
-    rows = f"{info['rows']:>4} rows  " if "rows" in info else " " * 11
-    print(f"  {kind:<10} {rows}{path}")
-if result["skipped"]:
-    print(f"  fresh, not rewritten: {', '.join(result['skipped'])}")
-ds = Lakehouse(lake_dir).dataset(name)
+ds = Lakehouse(sys.argv[1]).dataset(sys.argv[2])
 entity = ds.get_entity("acme-trading")
 print(f"  get acme-trading: {entity.caption if entity else None} ({entity.schema.name if entity else '-'})")
 PY
-rm -f "$LAKE/.make.json"
 echo "== files under $LAKE/$DS (archive omitted):"
 find "$LAKE/$DS" -type f -not -path "*/archive/*" | sort | sed 's/^/  /'

@@ -1,0 +1,297 @@
+"""End to end: the real UI server + daemon on a real lake, read back through GraphQL.
+
+One ``dagster dev`` (webserver + daemon, own process group, stopped by PID)
+serves the code location of ``workspace.yaml`` on a loopback port, with a
+fresh instance (the project's ``dagster.yaml``) and a fresh lake. Sensors run
+every few seconds. A file added to a dataset's archive must, on its own, flow
+through the archive sensor, its Document job, the journal sensor and the
+automation sensor into new exports. A headless Chromium then opens the asset
+graph page and keeps a screenshot in ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import requests
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets.lake import Lakehouse
+from lakehouse_assets_tests.conftest import REPO, free_port, sample_entities, stop_process
+
+DATASET = "ui_e2e"
+ARTIFACTS = REPO / "test-artifacts"
+
+MATERIALIZATIONS = """
+query ($key: AssetKeyInput!, $partitions: [String!]) {
+  assetOrError(assetKey: $key) {
+    ... on Asset {
+      assetMaterializations(partitions: $partitions, limit: 20) { timestamp runId partition }
+    }
+  }
+}
+"""
+
+RUNS = """
+query {
+  runsOrError(limit: 100) {
+    ... on Runs {
+      results { runId jobName status startTime endTime tags { key value } }
+    }
+  }
+}
+"""
+
+
+@dataclass
+class Server:
+    url: str
+    lake: Lakehouse
+    home: Path
+    log: Path
+
+    def graphql(self, query: str, **variables: Any) -> dict[str, Any]:
+        response = requests.post(
+            f"{self.url}/graphql", json={"query": query, "variables": variables}, timeout=30
+        )
+        response.raise_for_status()
+        body = response.json()
+        assert "errors" not in body, body["errors"]
+        return dict(body["data"])
+
+    def materialized_at(self, key: str) -> list[float]:
+        """Timestamps (seconds) of the asset's materializations of our dataset."""
+        data = self.graphql(MATERIALIZATIONS, key={"path": [key]}, partitions=[DATASET])
+        asset = data["assetOrError"] or {}
+        return sorted(float(m["timestamp"]) / 1000 for m in asset.get("assetMaterializations", []))
+
+    def runs(self) -> list[dict[str, Any]]:
+        return list(self.graphql(RUNS)["runsOrError"]["results"])
+
+
+def wait_for(what: str, condition: Callable[[], bool], server: Server, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(2)
+    tail = server.log.read_text(errors="replace")[-4000:]
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; server log tail:\n{tail}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("ui")
+    home = root / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
+    lake = Lakehouse(root / "lake")
+    ds = lake.create_dataset(DATASET, title="UI end to end")
+    with ds.bulk(origin="sample") as bulk:
+        for entity in sample_entities():
+            bulk.add_entity(entity)
+    port = free_port()
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "LAKEHOUSE_LAKE_URI": str(root / "lake"),
+        "LAKEHOUSE_SENSOR_INTERVAL_SECONDS": "3",
+        "LAKEHOUSE_SPARK_SHUFFLE_PARTITIONS": "2",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("LAKEHOUSE_JOURNAL_URL", None)
+    log = root / "dagster.log"
+    dagster = Path(sys.executable).parent / "dagster"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(dagster), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_restore_signals,
+        )
+    srv = Server(f"http://127.0.0.1:{port}", lake, home, log)
+    try:
+        wait_for("the UI server", lambda: _up(srv.url), srv, 120)
+        yield srv
+    finally:
+        stop_process(proc)
+        ARTIFACTS.mkdir(exist_ok=True)
+        shutil.copy(log, ARTIFACTS / "dagster-dev.log")
+
+
+def _restore_signals() -> None:
+    from lakehouse_assets_tests.conftest import _restore_signals as restore
+
+    restore()
+
+
+def _up(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/server_info", timeout=2).ok
+    except requests.RequestException:
+        return False
+
+
+def test_new_archive_file_flows_to_the_exports(server: Server) -> None:
+    # 1. the dataset becomes a partition, its journal is reported, and
+    #    automation materializes the chain through the index on its own
+    wait_for("the first index", lambda: bool(server.materialized_at("index")), server, 300)
+    first = {k: server.materialized_at(k) for k in ("entities_ftm_json", "index")}
+
+    # 2. a tenant archives a file (no Document entity of its own)
+    ds = server.lake.dataset(DATASET)
+    source = server.home.parent / "letter.txt"
+    source.write_text("Dear ACME, ...")
+    meta = ds.add_file(str(source))
+    added = datetime.now(UTC).timestamp()
+
+    def refreshed() -> bool:
+        return all(
+            (times := server.materialized_at(k)) and times[-1] > max(first[k][-1], added)
+            for k in ("entities_ftm_json", "index")
+        )
+
+    wait_for("exports after the new archive file", refreshed, server, 300)
+    assert server.materialized_at("archive")[-1] > added - 1
+    assert server.materialized_at("journal")[-1] > added
+
+    # the new file's Document entity is in the export
+    lines = ds.store.read_bytes(cv.dataset_path(DATASET, cv.ENTITIES_JSON)).splitlines()
+    docs = [orjson.loads(line) for line in lines if meta.checksum.encode() in line]
+    assert [d["schema"] for d in docs] == ["Document"]
+
+    # every run succeeded, and runs of the dataset never overlapped
+    runs = [r for r in server.runs() if _tag(r, "dagster/partition") == DATASET]
+    assert {r["jobName"] for r in runs} >= {"archive_documents", "__ASSET_JOB"}
+    finished = [r for r in runs if r["status"] in ("SUCCESS", "FAILURE", "CANCELED")]
+    assert all(r["status"] == "SUCCESS" for r in finished), runs
+    spans = sorted((r["startTime"], r["endTime"]) for r in finished if r["startTime"])
+    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        assert start >= end, f"overlapping runs of {DATASET}: {spans}"
+
+
+def _tag(run: dict[str, Any], key: str) -> str | None:
+    return next((t["value"] for t in run["tags"] if t["key"] == key), None)
+
+
+# --- a real browser ---------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+SKIP_DIALOG = """
+for (const b of document.querySelectorAll('button')) {
+  if (b.innerText.trim() === 'Skip') { b.click(); return true; }
+}
+return false;
+"""
+
+
+class WebDriver:
+    """The few W3C WebDriver calls we need, straight to chromedriver."""
+
+    def __init__(self, port: int) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+        caps = {
+            "capabilities": {
+                "alwaysMatch": {
+                    "browserName": "chrome",
+                    "goog:chromeOptions": {
+                        "binary": CHROMIUM,
+                        "args": [
+                            "--headless=new",
+                            "--no-sandbox",
+                            "--disable-gpu",
+                            "--disable-dev-shm-usage",
+                            "--window-size=1600,1000",
+                        ],
+                    },
+                }
+            }
+        }
+        body = requests.post(f"{self.base}/session", json=caps, timeout=60).json()
+        self.session = body["value"]["sessionId"]
+
+    def call(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
+        url = f"{self.base}/session/{self.session}{path}"
+        response = requests.request(method, url, json=payload, timeout=60)
+        return response.json()["value"]
+
+    def script(self, source: str) -> Any:
+        return self.call("POST", "/execute/sync", {"script": source, "args": []})
+
+    def text(self) -> str:
+        return str(self.script("return document.body.innerText"))
+
+    def shows(self, names: tuple[str, ...]) -> bool:
+        """All names on the page (first dismissing the UI's one-time welcome dialog)."""
+        self.script(SKIP_DIALOG)
+        text = self.text()
+        return all(n in text for n in names)
+
+    def close(self) -> None:
+        requests.delete(f"{self.base}/session/{self.session}", timeout=30)
+
+
+@pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER),
+    reason="Chromium/chromedriver not installed (apt-get install chromium chromium-driver; "
+    ".ci/run installs them)",
+)
+def test_asset_graph_in_a_real_browser(server: Server) -> None:
+    port = free_port()
+    driver_proc = subprocess.Popen(
+        [str(CHROMEDRIVER), f"--port={port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=_restore_signals,
+    )
+    try:
+        wait_for("chromedriver", lambda: _up_driver(port), server, 30)
+        driver = WebDriver(port)
+        try:
+            driver.call("POST", "/url", {"url": f"{server.url}/asset-groups"})
+            names = (
+                "archive",
+                "journal",
+                "statements",
+                "translog",
+                "statements_csv",
+                "entities_ftm_json",
+                "statistics",
+                "index",
+            )
+            wait_for("the asset graph", lambda: driver.shows(names), server, 90)
+            time.sleep(5)  # let the graph's layout and statuses settle before the picture
+            png = base64.b64decode(driver.call("GET", "/screenshot"))
+        finally:
+            driver.close()
+    finally:
+        stop_process(driver_proc)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "asset-graph.png").write_bytes(png)
+
+
+def _up_driver(port: int) -> bool:
+    try:
+        return bool(
+            requests.get(f"http://127.0.0.1:{port}/status", timeout=2).json()["value"]["ready"]
+        )
+    except (requests.RequestException, ValueError, KeyError):
+        return False
