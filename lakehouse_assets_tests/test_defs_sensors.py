@@ -10,7 +10,7 @@ import pytest
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.definitions import defs
-from lakehouse_assets.defs.partitions import datasets
+from lakehouse_assets.defs.partitions import DATASETS
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.defs.sensors import archive_files, journal_writes, new_datasets
 from lakehouse_assets.lake import Lakehouse
@@ -46,9 +46,9 @@ def test_new_dataset_becomes_a_partition(
     result = new_datasets(context(instance, local_lake))
     assert isinstance(result, dg.SensorResult)
     (request,) = result.dynamic_partitions_requests or []
-    assert request.partitions_def_name == datasets.name
+    assert request.partitions_def_name == DATASETS
     assert sorted(request.partition_keys or []) == ["first", "second"]
-    instance.add_dynamic_partitions(datasets.name, list(request.partition_keys or []))
+    instance.add_dynamic_partitions(DATASETS, list(request.partition_keys or []))
     # known now: nothing to add
     assert isinstance(new_datasets(context(instance, local_lake)), dg.SkipReason)
 
@@ -58,7 +58,7 @@ def test_archive_file_requests_a_run_for_its_partition(
 ) -> None:
     ds = local_lake.create_dataset("docs")
     other = local_lake.create_dataset("other")
-    instance.add_dynamic_partitions(datasets.name, ["docs", "other"])
+    instance.add_dynamic_partitions(DATASETS, ["docs", "other"])
     assert isinstance(archive_files(context(instance, local_lake)), dg.SkipReason)
 
     source = tmp_path / "memo.txt"
@@ -108,7 +108,7 @@ def test_journal_write_reports_the_journal(
     local_lake: Lakehouse, instance: dg.DagsterInstance
 ) -> None:
     ds = local_lake.create_dataset("writes")
-    instance.add_dynamic_partitions(datasets.name, ["writes"])
+    instance.add_dynamic_partitions(DATASETS, ["writes"])
     assert isinstance(journal_writes(context(instance, local_lake)), dg.SkipReason)
     ds.add_entity({"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}})
     result = journal_writes(context(instance, local_lake))
@@ -127,14 +127,14 @@ def test_sensor_skips_datasets_not_yet_partitions(
     ds.add_entity({"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}})
     # not a partition yet: no event (Dagster would reject it), cursor untouched
     assert isinstance(journal_writes(context(instance, local_lake)), dg.SkipReason)
-    instance.add_dynamic_partitions(datasets.name, ["later"])
+    instance.add_dynamic_partitions(DATASETS, ["later"])
     assert isinstance(journal_writes(context(instance, local_lake)), dg.SensorResult)
 
 
 def test_schedules_request_one_run_per_dataset() -> None:
     # schedule contexts need a persistent instance (as the daemon has)
     with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions(datasets.name, ["a", "b"])
+        instance.add_dynamic_partitions(DATASETS, ["a", "b"])
         for name in ("nightly_optimize", "weekly_compact"):
             schedule = defs.resolve_schedule_def(name)
             tick = datetime(2026, 11, 22, 2, 0, tzinfo=UTC)

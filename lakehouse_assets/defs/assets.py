@@ -81,7 +81,7 @@ journal = dg.AssetSpec(
 )
 def flush_tables(
     context: dg.AssetExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
-) -> Iterator[dg.MaterializeResult]:
+) -> Iterator[dg.MaterializeResult[None]]:
     """Flush the journal into the statements and translog tables (one Spark job)."""
     ds = lakehouse.dataset(context.partition_key)
     spark.session(ds.settings)
@@ -156,7 +156,7 @@ def exports(
     config: ExportConfig,
     lakehouse: LakehouseResource,
     spark: SparkResource,
-) -> Iterator[dg.MaterializeResult]:
+) -> Iterator[dg.MaterializeResult[None]]:
     """The selected exports in one Spark pass; fresh ones are kept (spec's freshness rule)."""
     ds = lakehouse.dataset(context.partition_key)
     spark.session(ds.settings)
@@ -197,7 +197,9 @@ def _tag(kind: str) -> str:
     description="`index.json`: dataset metadata, statistics and links to the exports "
     "(with a versioned copy under `versions/`).",
 )
-def index(context: dg.AssetExecutionContext, lakehouse: LakehouseResource) -> dg.MaterializeResult:
+def index(
+    context: dg.AssetExecutionContext, lakehouse: LakehouseResource
+) -> dg.MaterializeResult[None]:
     ds = lakehouse.dataset(context.partition_key)
     clock = time.monotonic()
     result = export(ds, [INDEX], force=True)
@@ -208,4 +210,4 @@ def index(context: dg.AssetExecutionContext, lakehouse: LakehouseResource) -> dg
     return dg.MaterializeResult(metadata=meta, data_version=tag_version(ds, cv.EXPORTS_INDEX))
 
 
-ASSETS = [archive, journal, flush_tables, exports, index]
+ASSETS: list[dg.AssetsDefinition | dg.AssetSpec] = [archive, journal, flush_tables, exports, index]

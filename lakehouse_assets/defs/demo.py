@@ -17,7 +17,7 @@ from typing import Any
 import dagster as dg
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.defs.partitions import datasets
+from lakehouse_assets.defs.partitions import DATASETS
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.defs.sensors import archive_event, journal_event
 
@@ -26,8 +26,8 @@ def report_sources(instance: dg.DagsterInstance, lakehouse: LakehouseResource, n
     """Add the partition and report the archive/journal as the sensors would."""
     lake = lakehouse.lake()
     ds = lake.dataset(name)
-    if not instance.has_dynamic_partition(datasets.name, name):
-        instance.add_dynamic_partitions(datasets.name, [name])
+    if not instance.has_dynamic_partition(DATASETS, name):
+        instance.add_dynamic_partitions(DATASETS, [name])
     archived = ds.core_tags.get(cv.ARCHIVE_LAST_UPDATED)
     if archived is not None:
         files = list(ds.archive.list())

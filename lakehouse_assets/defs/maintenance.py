@@ -6,12 +6,13 @@ so the UI shows the new table version next to the materializations.
 """
 
 from collections.abc import Iterator
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
 from lakehouse_assets.defs.metadata import table_metadata, table_summary
-from lakehouse_assets.defs.partitions import datasets
+from lakehouse_assets.defs.partitions import DATASETS, datasets
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 
 
@@ -56,7 +57,7 @@ def compact_tables(
     yield dg.Output(None)
 
 
-def _flat(values: dict[str, object]) -> dict[str, object]:
+def _flat(values: dict[str, Any]) -> dict[str, Any]:
     """Result dicts as metadata (nested values as JSON)."""
     return {
         k: dg.MetadataValue.json(v) if isinstance(v, dict | list) else v
@@ -78,7 +79,7 @@ def compact_job() -> None:
 def _per_dataset(context: dg.ScheduleEvaluationContext, operation: str) -> Iterator[dg.RunRequest]:
     tick = context.scheduled_execution_time
     stamp = tick.strftime("%Y%m%dT%H%M")
-    for name in sorted(context.instance.get_dynamic_partitions(datasets.name)):
+    for name in sorted(context.instance.get_dynamic_partitions(DATASETS)):
         yield dg.RunRequest(run_key=f"{operation}:{name}:{stamp}", partition_key=name)
 
 

@@ -17,13 +17,14 @@ dataset → last tag seen) live in Dagster's storage and survive restarts.
 import json
 from collections.abc import Iterable
 from datetime import datetime
+
 import dagster as dg
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.defs.metadata import DATA_VERSION_TAG
-from lakehouse_assets.defs.partitions import datasets
-from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.archive import FileMeta
+from lakehouse_assets.defs.metadata import DATA_VERSION_TAG
+from lakehouse_assets.defs.partitions import DATASETS, datasets
+from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.settings import Settings
 
@@ -49,7 +50,7 @@ def _changed(
 ) -> Iterable[tuple[Dataset, datetime, datetime | None]]:
     """(dataset, tag now, tag at the cursor) for partitions whose ``tag`` moved."""
     cursor = _load_cursor(context.cursor)
-    known = set(context.instance.get_dynamic_partitions(datasets.name))
+    known = set(context.instance.get_dynamic_partitions(DATASETS))
     for name in sorted(known):
         try:
             ds = lake.dataset(name)
@@ -111,7 +112,7 @@ def new_datasets(
     context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
 ) -> dg.SensorResult | dg.SkipReason:
     found = lakehouse.lake().datasets()
-    known = set(context.instance.get_dynamic_partitions(datasets.name))
+    known = set(context.instance.get_dynamic_partitions(DATASETS))
     new = [name for name in found if name not in known]
     if not new:
         return dg.SkipReason(f"no new datasets ({len(found)} in the lake)")
