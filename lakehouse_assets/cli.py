@@ -283,6 +283,47 @@ def _echo_json(data: Any) -> None:
     click.echo(json.dumps(data, default=str))
 
 
+@cli.command("crawl")
+@click.argument("uri")
+@click.option("--prefix", default=None, help="Only files under this path of the source.")
+@click.option("--glob", default=None, help="Only files matching this pattern (e.g. '*.pdf').")
+@click.option("--exclude", default=None, help="Leave out files matching this pattern.")
+@click.option(
+    "--skip-existing/--no-skip-existing",
+    default=True,
+    show_default=True,
+    help="Skip files archived by an earlier crawl of the same source.",
+)
+@pass_ctx
+def crawl_cmd(
+    obj: Context,
+    uri: str,
+    prefix: str | None,
+    glob: str | None,
+    exclude: str | None,
+    skip_existing: bool,
+) -> None:
+    """Archive every matching file under URI (folder, file:// or s3://), one Document each.
+
+    Prints the crawl's statistics as JSON; files that failed are listed with
+    their reason (and in the job record) and do not stop the crawl.
+    """
+    from lakehouse_assets.crawl import crawl
+
+    ds = obj.dataset()
+    with tqdm(unit=" files", desc=f"crawl {ds.name}", file=sys.stderr, disable=None) as bar:
+        result = crawl(
+            ds,
+            uri,
+            prefix=prefix,
+            glob=glob,
+            exclude=exclude,
+            skip_existing=skip_existing,
+            progress=bar.update,
+        )
+    _echo_json({**result.as_dict(), "errors": result.errors})
+
+
 @cli.command("flush")
 @click.option("--batch-rows", type=int, default=None, help="Journal rows per batch.")
 @pass_ctx

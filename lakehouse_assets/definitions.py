@@ -8,7 +8,7 @@
 - sensors: new datasets, archive files, journal writes (``defs.sensors``);
 - jobs and schedules: ``refresh_dataset`` (the whole chain for one dataset,
   what ``make demo`` runs), nightly optimize, weekly compact
-  (``defs.maintenance``), archive Document entities.
+  (``defs.maintenance``), archive Document entities, crawl (``defs.ingest``).
 
 Every job runs in one process (in-process executor), so a run starts one
 Spark session and all its steps share it. Runs of one dataset never overlap:
@@ -19,6 +19,7 @@ import dagster as dg
 
 from lakehouse_assets.defs.assets import ASSETS
 from lakehouse_assets.defs.checks import CHECKS
+from lakehouse_assets.defs.ingest import JOBS as INGEST_JOBS
 from lakehouse_assets.defs.maintenance import JOBS, SCHEDULES
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.defs.sensors import SENSORS, archive_documents
@@ -47,7 +48,7 @@ automation = dg.AutomationConditionSensorDefinition(
 defs = dg.Definitions(
     assets=ASSETS,
     asset_checks=CHECKS,
-    jobs=[refresh_dataset, archive_documents, *JOBS],
+    jobs=[refresh_dataset, archive_documents, *INGEST_JOBS, *JOBS],
     sensors=[*SENSORS, automation],
     schedules=SCHEDULES,
     resources={"lakehouse": LakehouseResource(), "spark": SparkResource()},

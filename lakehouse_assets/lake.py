@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from followthemoney.statement.entity import StatementEntity
     from ftmq.query import Query
 
+    from lakehouse_assets.crawl import CrawlResult
     from lakehouse_assets.exports import ExportResult
     from lakehouse_assets.flush import FlushResult
     from lakehouse_assets.maintenance import CompactResult, OptimizeResult
@@ -203,11 +204,37 @@ class Dataset:
         **kwargs: Any,
     ) -> FileMeta:
         """Archive a file; optionally write its Document entity to the journal."""
+        if create_document:
+            # tells the archive sensor the Document entity is already written
+            kwargs["extra"] = {**(kwargs.get("extra") or {}), DOCUMENT_MARK: True}
         meta = self.archive.put(uri, checksum=checksum, **kwargs)
         self.core_tags.touch(cv.ARCHIVE_LAST_UPDATED)
         if create_document:
             self.add_entity(document_entity(meta), origin="archive")
         return meta
+
+    def crawl(
+        self,
+        source_uri: str,
+        *,
+        prefix: str | None = None,
+        glob: str | None = None,
+        exclude: str | None = None,
+        skip_existing: bool = True,
+        progress: Callable[[int], None] | None = None,
+    ) -> CrawlResult:
+        """Archive every matching file under a source prefix (see :mod:`crawl`)."""
+        from lakehouse_assets.crawl import crawl
+
+        return crawl(
+            self,
+            source_uri,
+            prefix=prefix,
+            glob=glob,
+            exclude=exclude,
+            skip_existing=skip_existing,
+            progress=progress,
+        )
 
     # --- entities and statements ---------------------------------------
 
@@ -444,6 +471,10 @@ class BulkWriter:
         self._close()
         if self.count:
             self.dataset.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
+
+
+#: ``FileMeta.extra`` key set on files whose Document entity the writer made.
+DOCUMENT_MARK = "document_entity"
 
 
 def document_entity(meta: FileMeta) -> EntityProxy:

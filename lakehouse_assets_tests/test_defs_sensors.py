@@ -148,3 +148,17 @@ def test_schedules_request_one_run_per_dataset() -> None:
             # one run per dataset and tick, even if the tick is evaluated twice
             assert len({r.run_key for r in requests}) == 2
             assert all(r.run_key and "20261122T0200" in r.run_key for r in requests)
+
+
+def test_files_with_their_document_need_no_run(
+    local_lake: Lakehouse, instance: dg.DagsterInstance, tmp_path: Path
+) -> None:
+    ds = local_lake.create_dataset("has_docs")
+    instance.add_dynamic_partitions(DATASETS, ["has_docs"])
+    source = tmp_path / "memo.txt"
+    source.write_text("a memo")
+    ds.add_file(str(source), create_document=True)
+    result = archive_files(context(instance, local_lake))
+    assert isinstance(result, dg.SensorResult)
+    assert len(result.asset_events or []) == 1
+    assert not result.run_requests

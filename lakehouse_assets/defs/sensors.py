@@ -25,7 +25,7 @@ from lakehouse_assets.archive import FileMeta
 from lakehouse_assets.defs.metadata import DATA_VERSION_TAG
 from lakehouse_assets.defs.partitions import DATASETS, datasets
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.lake import Dataset, Lakehouse
+from lakehouse_assets.lake import DOCUMENT_MARK, Dataset, Lakehouse
 from lakehouse_assets.settings import Settings
 
 RUNNING = dg.DefaultSensorStatus.RUNNING
@@ -169,7 +169,8 @@ def archive_files(
         files = list(ds.archive.list())
         new = [m for m in files if prev is None or m.updated_at > prev]
         events.append(archive_event(ds, ts, files, len(new)))
-        checksums = sorted({m.checksum for m in new})
+        # files whose writer made the Document already (crawl, --document) are left alone
+        checksums = sorted({m.checksum for m in new if not m.extra.get(DOCUMENT_MARK)})
         if checksums and lake.settings.archive_documents:
             runs.append(
                 dg.RunRequest(

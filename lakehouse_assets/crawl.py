@@ -1,0 +1,144 @@
+"""Crawl: archive every matching file under a source prefix, one Document each.
+
+The specification's crawl operation. The source is a local folder, a
+``file://`` or an ``s3://`` prefix; its files are listed once, filtered by
+``prefix`` / ``glob`` / ``exclude`` (fnmatch patterns on the path relative to
+the source), then archived one by one (streamed, content-addressed) with a
+Document entity in the journal. A file's archive key is its path relative to
+the source, so a second crawl of the same source finds what it archived
+before and, with ``skip_existing``, neither reads nor hashes it again.
+
+A file that fails (unreadable, vanished between listing and reading) is
+recorded with its reason in the job record and the crawl goes on; the job
+record (``jobs/runs/crawl/{ts}.json``) carries the statistics.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets.archive import make_file_id
+from lakehouse_assets.errors import InvalidInputError, SourceNotFoundError
+from lakehouse_assets.sources import local_path
+from lakehouse_assets.storage import LocalStore, S3Store, Store
+
+if TYPE_CHECKING:
+    from lakehouse_assets.lake import Dataset
+
+#: The job type of crawl runs (``jobs/runs/crawl/``).
+CRAWL_JOB = "crawl"
+
+
+@dataclass
+class CrawlResult:
+    """What one crawl did (also written into its job record)."""
+
+    source: str
+    seen: int = 0
+    archived: int = 0
+    skipped: int = 0
+    failed: int = 0
+    bytes: int = 0
+    errors: list[dict[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "seen": self.seen,
+            "archived": self.archived,
+            "skipped": self.skipped,
+            "failed": self.failed,
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def source_store(uri: str, ds: Dataset) -> Store:
+    """A store rooted at the crawl source (it must exist; nothing is created)."""
+    if uri.startswith("s3://"):
+        return S3Store(uri, ds.settings)
+    path = local_path(uri)
+    if path is None:
+        raise InvalidInputError(
+            f"[dataset {ds.name!r}] cannot crawl {uri!r}: use a local folder, file:// or s3://"
+        )
+    if not path.is_dir():
+        raise SourceNotFoundError(f"[dataset {ds.name!r}] crawl source is not a folder: {uri}")
+    return LocalStore(path)
+
+
+def matches(path: str, glob: str | None, exclude: str | None) -> bool:
+    """Whether a relative path passes the include glob and the exclude pattern."""
+    name = path.rsplit("/", 1)[-1]
+    if glob and not (fnmatch.fnmatch(path, glob) or fnmatch.fnmatch(name, glob)):
+        return False
+    return not (exclude and (fnmatch.fnmatch(path, exclude) or fnmatch.fnmatch(name, exclude)))
+
+
+def list_source(
+    store: Store, prefix: str | None, glob: str | None, exclude: str | None
+) -> Iterator[str]:
+    for path in store.list((prefix or "").strip("/")):
+        if matches(path, glob, exclude):
+            yield path
+
+
+def crawl(
+    ds: Dataset,
+    source_uri: str,
+    *,
+    prefix: str | None = None,
+    glob: str | None = None,
+    exclude: str | None = None,
+    skip_existing: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> CrawlResult:
+    """Archive the matching files under ``source_uri`` (see the module docstring)."""
+    from lakehouse_assets.lake import DOCUMENT_MARK, document_entity
+
+    clock = time.monotonic()
+    store = source_store(source_uri, ds)
+    result = CrawlResult(source=store.full_uri())
+    with ds.job(CRAWL_JOB) as job:
+        job.run.stats = {**result.as_dict(), "prefix": prefix, "glob": glob, "exclude": exclude}
+        job.save()
+        known = {m.file_id for m in ds.archive.list()} if skip_existing else set()
+        for path in list_source(store, prefix, glob, exclude):
+            result.seen += 1
+            uri = store.full_uri(path)
+            if make_file_id(path) in known:
+                result.skipped += 1
+            else:
+                try:
+                    meta = ds.archive.put(
+                        uri, key=path, name=Path(path).name, extra={DOCUMENT_MARK: True}
+                    )
+                except Exception as exc:  # noqa: BLE001
+                    # one bad file must not end the crawl: record it and go on
+                    result.failed += 1
+                    result.errors.append(
+                        {"path": path, "uri": uri, "error": f"{type(exc).__name__}: {exc}"}
+                    )
+                else:
+                    ds.core_tags.touch(cv.ARCHIVE_LAST_UPDATED)
+                    ds.add_entity(document_entity(meta), origin=CRAWL_JOB)
+                    result.archived += 1
+                    result.bytes += meta.size
+            if progress is not None:
+                progress(1)
+            if result.seen % 100 == 0:
+                job.run.stats.update(result.as_dict())
+                job.run.errors = list(result.errors)
+                job.save()
+        result.seconds = time.monotonic() - clock
+        job.run.stats.update(result.as_dict())
+        job.run.errors = list(result.errors)
+    ds.core_tags.touch(cv.CRAWL_LAST_RUN)
+    return result
