@@ -324,6 +324,49 @@ def crawl_cmd(
     _echo_json({**result.as_dict(), "errors": result.errors})
 
 
+@cli.group()
+def mapping() -> None:
+    """Mappings of archived CSVs to FtM entities."""
+
+
+@mapping.command("add")
+@click.argument("csv_checksum")
+@click.argument("mapping_yaml", type=click.Path(exists=True, dir_okay=False))
+@pass_ctx
+def mapping_add(obj: Context, csv_checksum: str, mapping_yaml: str) -> None:
+    """Validate and store MAPPING_YAML for the archived CSV with CSV_CHECKSUM."""
+    from pathlib import Path
+
+    stored = obj.dataset().add_mapping(csv_checksum, Path(mapping_yaml).read_text("utf-8"))
+    state = "stored" if stored.changed else "unchanged"
+    click.echo(f"{state}: {stored.path} ({stored.queries} queries)", err=True)
+
+
+@mapping.command("ls")
+@pass_ctx
+def mapping_ls(obj: Context) -> None:
+    """The stored mappings as JSON lines."""
+    for item in obj.dataset().mappings():
+        click.echo(json.dumps(item))
+
+
+@mapping.command("process")
+@click.argument("csv_checksum")
+@click.option("--force", is_flag=True, help="Map again even if the result is fresh.")
+@click.option(
+    "--engine",
+    type=click.Choice(["auto", "spark", "local"]),
+    default="auto",
+    show_default=True,
+    help="Spark for big CSVs (auto), or force one.",
+)
+@pass_ctx
+def mapping_process(obj: Context, csv_checksum: str, force: bool, engine: str) -> None:
+    """Map the archived CSV into the journal (origin mapping:CSV_CHECKSUM)."""
+    spark = None if engine == "auto" else engine == "spark"
+    _echo_json(obj.dataset().process_mapping(csv_checksum, force=force, spark=spark).as_dict())
+
+
 @cli.command("flush")
 @click.option("--batch-rows", type=int, default=None, help="Journal rows per batch.")
 @pass_ctx

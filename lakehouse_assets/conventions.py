@@ -199,6 +199,10 @@ def mapping_config(dataset: str, content_hash: str) -> str:
     return dataset_path(dataset, MAPPINGS, checksum(content_hash), "mapping.yml")
 
 
+def mappings_prefix(dataset: str) -> str:
+    return dataset_path(dataset, MAPPINGS) + "/"
+
+
 def mapping_version(dataset: str, content_hash: str, ts: datetime | None = None) -> str:
     return dataset_path(
         dataset, MAPPINGS, checksum(content_hash), "versions", f"{path_timestamp(ts)}.yml"
@@ -248,6 +252,11 @@ EXPORTS_ENTITIES: Final = "exports/entities_json"
 EXPORTS_STATISTICS: Final = "exports/statistics"
 EXPORTS_INDEX: Final = "exports/index"
 CRAWL_LAST_RUN: Final = "operations/crawl/last_run"
+
+
+def mapping_updated_tag(content_hash: str) -> str:
+    """``mappings/{hash}/last_updated``: when the stored mapping last changed."""
+    return f"mappings/{checksum(content_hash)}/last_updated"
 
 
 def mapping_processed_tag(content_hash: str) -> str:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from lakehouse_assets.exports import ExportResult
     from lakehouse_assets.flush import FlushResult
     from lakehouse_assets.maintenance import CompactResult, OptimizeResult
+    from lakehouse_assets.mappings import MappingResult, StoredMapping
 
 
 class Lakehouse:
@@ -235,6 +236,27 @@ class Dataset:
             skip_existing=skip_existing,
             progress=progress,
         )
+
+    # --- mappings -------------------------------------------------------
+
+    def add_mapping(self, content_hash: str, config: str | dict[str, Any]) -> StoredMapping:
+        """Validate and store a mapping for an archived CSV (see :mod:`mappings`)."""
+        from lakehouse_assets.mappings import store_mapping
+
+        return store_mapping(self, content_hash, config)
+
+    def mappings(self) -> list[dict[str, Any]]:
+        from lakehouse_assets.mappings import list_mappings
+
+        return list_mappings(self)
+
+    def process_mapping(
+        self, content_hash: str, *, force: bool = False, spark: bool | None = None
+    ) -> MappingResult:
+        """Map the archived CSV into the journal, unless the result is fresh."""
+        from lakehouse_assets.mappings import process_mapping
+
+        return process_mapping(self, content_hash, force=force, spark=spark)
 
     # --- entities and statements ---------------------------------------
 

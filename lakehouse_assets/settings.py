@@ -81,6 +81,11 @@ class Settings(BaseSettings):
         default=8, description="spark.sql.shuffle.partitions (small is right for 2 cores)."
     )
     spark_ui_enabled: bool = Field(default=False, description="Serve Spark's web UI.")
+    # --- mappings ---
+    mapping_spark_min_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        description="CSVs at least this big are mapped on Spark; smaller ones in-process.",
+    )
     # --- dagster ---
     sensor_interval_seconds: int = Field(
         default=30, description="How often the Dagster sensors look at the lake's tags."

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -176,28 +177,33 @@ def test_crawl_job_in_dagster(local_lake: Lakehouse, tmp_path: Path) -> None:
 
     from lakehouse_assets.definitions import defs
     from lakehouse_assets.defs.partitions import DATASETS
-    from lakehouse_assets.defs.resources import LakehouseResource
 
     source = make_source(tmp_path / "source")
     ds = local_lake.create_dataset("dagster_crawl")
-    instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions(DATASETS, [ds.name])
-    job = defs.resolve_job_def("crawl_job")
-    result = job.execute_in_process(
-        run_config={
-            "ops": {"crawl_source": {"config": {"source_uri": str(source), "glob": "*.pdf"}}}
-        },
-        partition_key=ds.name,
-        instance=instance,
-        resources={
-            "lakehouse": LakehouseResource(
-                lake_uri=local_lake.settings.lake_uri, journal_url=local_lake.settings.journal_url
-            )
-        },
-    )
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(DATASETS, [ds.name])
+        job = defs.resolve_job_def("crawl_job")
+        result = run_crawl_job(job, instance, source, local_lake, ds.name)
     assert result.success
     (mat,) = [e.materialization for e in result.get_asset_materialization_events()]
     assert mat.asset_key == dg.AssetKey("archive") and mat.partition == ds.name
     assert mat.metadata["new_files"].value == 2
     assert {m.key for m in ds.archive.list()} == {"reports/2024/q1.pdf", "reports/2024/q2.pdf"}
     assert local_lake.journal.count(ds.name) > 0
+
+
+def run_crawl_job(job: Any, instance: Any, source: Path, lake: Lakehouse, name: str) -> Any:
+    from lakehouse_assets.defs.resources import LakehouseResource
+
+    return job.execute_in_process(
+        run_config={
+            "ops": {"crawl_source": {"config": {"source_uri": str(source), "glob": "*.pdf"}}}
+        },
+        partition_key=name,
+        instance=instance,
+        resources={
+            "lakehouse": LakehouseResource(
+                lake_uri=lake.settings.lake_uri, journal_url=lake.settings.journal_url
+            )
+        },
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +117,10 @@ def entity_ids(ds: Dataset) -> set[str]:
 
 
 @pytest.fixture
-def instance() -> dg.DagsterInstance:
-    return dg.DagsterInstance.ephemeral()
+def instance() -> Iterator[dg.DagsterInstance]:
+    """A real instance with its storage in a temp folder, alive for the test."""
+    with dg.instance_for_test() as instance:
+        yield instance
 
 
 def test_materialize_the_graph_twice(

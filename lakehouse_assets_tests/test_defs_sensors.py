@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -17,8 +18,10 @@ from lakehouse_assets.lake import Lakehouse
 
 
 @pytest.fixture
-def instance() -> dg.DagsterInstance:
-    return dg.DagsterInstance.ephemeral()
+def instance() -> Iterator[dg.DagsterInstance]:
+    """A real instance with its storage in a temp folder, alive for the test."""
+    with dg.instance_for_test() as instance:
+        yield instance
 
 
 def resources(lake: Lakehouse) -> dict[str, object]:
