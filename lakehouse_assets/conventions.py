@@ -252,6 +252,8 @@ EXPORTS_ENTITIES: Final = "exports/entities_json"
 EXPORTS_STATISTICS: Final = "exports/statistics"
 EXPORTS_INDEX: Final = "exports/index"
 CRAWL_LAST_RUN: Final = "operations/crawl/last_run"
+#: Any mapping of the dataset stored or changed (what the mapping sensor watches).
+MAPPINGS_LAST_UPDATED: Final = "mappings/last_updated"
 
 
 def mapping_updated_tag(content_hash: str) -> str:

@@ -5,7 +5,8 @@
   (:mod:`lakehouse_assets.defs.assets`), with data checks (``defs.checks``);
 - automation: the executable assets materialize by ``AutomationCondition.eager()``,
   evaluated by the ``lakehouse_automation`` sensor;
-- sensors: new datasets, archive files, journal writes (``defs.sensors``);
+- sensors: new datasets, archive files, journal writes (``defs.sensors``),
+  mapping changes (``defs.ingest``);
 - jobs and schedules: ``refresh_dataset`` (the whole chain for one dataset,
   what ``make demo`` runs), nightly optimize, weekly compact
   (``defs.maintenance``), archive Document entities, crawl (``defs.ingest``).
@@ -20,6 +21,7 @@ import dagster as dg
 from lakehouse_assets.defs.assets import ASSETS
 from lakehouse_assets.defs.checks import CHECKS
 from lakehouse_assets.defs.ingest import JOBS as INGEST_JOBS
+from lakehouse_assets.defs.ingest import SENSORS as INGEST_SENSORS
 from lakehouse_assets.defs.maintenance import JOBS, SCHEDULES
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.defs.sensors import SENSORS, archive_documents
@@ -49,7 +51,7 @@ defs = dg.Definitions(
     assets=ASSETS,
     asset_checks=CHECKS,
     jobs=[refresh_dataset, archive_documents, *INGEST_JOBS, *JOBS],
-    sensors=[*SENSORS, automation],
+    sensors=[*SENSORS, *INGEST_SENSORS, automation],
     schedules=SCHEDULES,
     resources={"lakehouse": LakehouseResource(), "spark": SparkResource()},
     executor=dg.in_process_executor,

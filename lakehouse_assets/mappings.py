@@ -161,6 +161,7 @@ def store_mapping(ds: Dataset, content_hash: str, config: str | Mapping[str, Any
     ds.store.write_text(cv.mapping_version(ds.name, content_hash, now), text)
     ds.store.write_text(path, text)
     ds.core_tags.touch(cv.mapping_updated_tag(content_hash))
+    ds.core_tags.touch(cv.MAPPINGS_LAST_UPDATED)
     return StoredMapping(content_hash, len(queries), True, path)
 
 

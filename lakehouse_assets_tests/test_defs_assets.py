@@ -25,6 +25,7 @@ from lakehouse_assets_tests.conftest import sample_entities
 
 KEYS = {
     "archive",
+    "mappings",
     "journal",
     "statements",
     "translog",
@@ -35,7 +36,8 @@ KEYS = {
 }
 LINEAGE = {
     "archive": set(),
-    "journal": {"archive"},
+    "mappings": {"archive"},
+    "journal": {"archive", "mappings"},
     "statements": {"journal"},
     "translog": {"journal"},
     "statements_csv": {"statements", "translog"},
@@ -54,7 +56,7 @@ def test_definitions_load_with_the_specified_graph() -> None:
         assert {p.to_user_string() for p in node.parent_keys} == parents, key
         assert node.partitions_def == datasets, key
     executable = {k.to_user_string() for k in graph.executable_asset_keys}
-    assert executable == KEYS - {"archive", "journal"}
+    assert executable == KEYS - {"archive", "mappings", "journal"}
     for key in executable:
         assert graph.get(dg.AssetKey(key)).automation_condition is not None, key
     checks = {c.name for c in graph.asset_check_keys}
@@ -64,7 +66,13 @@ def test_definitions_load_with_the_specified_graph() -> None:
         "references_resolve",
         "exports_match_statements",
     }
-    for name in ("new_datasets", "archive_files", "journal_writes", "lakehouse_automation"):
+    for name in (
+        "new_datasets",
+        "archive_files",
+        "journal_writes",
+        "mapping_changes",
+        "lakehouse_automation",
+    ):
         assert defs.resolve_sensor_def(name).default_status == dg.DefaultSensorStatus.RUNNING
     for name in ("nightly_optimize", "weekly_compact"):
         schedule = defs.resolve_schedule_def(name)
@@ -136,7 +144,7 @@ def test_materialize_the_graph_twice(
     first = materialize(local_lake, instance, ds.name)
     assert first.success
     mats = materializations(first)
-    assert set(mats) == KEYS - {"archive", "journal"}
+    assert set(mats) == KEYS - {"archive", "mappings", "journal"}
     assert mats["statements"]["new_statements"] == written
     assert mats["statements"]["dagster/partition_row_count"] == written
     assert mats["statements"]["delta_version"] >= 0

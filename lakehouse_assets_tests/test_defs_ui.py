@@ -268,6 +268,7 @@ def test_asset_graph_in_a_real_browser(server: Server) -> None:
             driver.call("POST", "/url", {"url": f"{server.url}/asset-groups"})
             names = (
                 "archive",
+                "mappings",
                 "journal",
                 "statements",
                 "translog",

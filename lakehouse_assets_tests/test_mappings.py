@@ -237,3 +237,48 @@ def test_mapping_cli(tmp_path: Path) -> None:
     bad.write_text(PEOPLE_YML.replace("schema: Person", "schema: Persona"))
     failed = runner.invoke(cli, [*base, "-d", "cli_map", "mapping", "add", checksum, str(bad)])
     assert failed.exit_code != 0 and "Persona" in failed.output
+
+
+def test_mapping_sensor_and_job(local_lake: Lakehouse, tmp_path: Path) -> None:
+    import dagster as dg
+
+    from lakehouse_assets.definitions import defs
+    from lakehouse_assets.defs.ingest import mapping_changes
+    from lakehouse_assets.defs.partitions import DATASETS
+    from lakehouse_assets.defs.resources import LakehouseResource
+
+    (_, csv_path, mapping), *_ = sources(tmp_path)
+    ds = local_lake.create_dataset("sensed")
+    meta = ds.add_file(str(csv_path))
+    resources = {
+        "lakehouse": LakehouseResource(
+            lake_uri=local_lake.settings.lake_uri, journal_url=local_lake.settings.journal_url
+        )
+    }
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(DATASETS, [ds.name])
+
+        def tick(cursor: str | None = None) -> Any:
+            ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
+            return mapping_changes(ctx)
+
+        assert isinstance(tick(), dg.SkipReason)
+        ds.add_mapping(meta.checksum, mapping.read_text())
+        result = tick()
+        assert isinstance(result, dg.SensorResult)
+        (event,) = result.asset_events or []
+        assert event.asset_key == dg.AssetKey("mappings") and event.partition == ds.name
+        assert event.metadata["stale"].value == 1
+        (run,) = result.run_requests or []
+        assert run.partition_key == ds.name
+        config = run.run_config["ops"]["process_mappings"]["config"]
+        assert config["content_hashes"] == [meta.checksum]
+        assert isinstance(tick(result.cursor), dg.SkipReason)
+
+        done = defs.resolve_job_def("mappings_job").execute_in_process(
+            run_config=run.run_config, partition_key=ds.name, instance=instance, resources=resources
+        )
+        assert done.success
+    assert ds.journal.count(ds.name) > 0
+    (listed,) = ds.mappings()
+    assert listed["fresh"] is True

@@ -1,6 +1,6 @@
 """The dataset-partitioned asset graph of the specification's dependency chain.
 
-    archive → journal → statements + translog → statements_csv,
+    archive → (mappings) → journal → statements + translog → statements_csv,
                                                 entities_ftm_json,
                                                 statistics → index
 
@@ -44,9 +44,20 @@ archive = dg.AssetSpec(
     "the `archive_files` sensor reports changes (data version: tag `archive/last_updated`).",
 )
 
+mappings = dg.AssetSpec(
+    "mappings",
+    deps=[archive],
+    partitions_def=datasets,
+    group_name=GROUP,
+    kinds={"yaml"},
+    description="followthemoney mapping configs of archived CSVs (`mappings/{hash}/mapping.yml`). "
+    "Stored by tenants; the `mapping_changes` sensor reports changes (data version: tag "
+    "`mappings/last_updated`) and processes changed mappings into the journal.",
+)
+
 journal = dg.AssetSpec(
     "journal",
-    deps=[archive],
+    deps=[archive, mappings],
     partitions_def=datasets,
     group_name=GROUP,
     kinds={"sql"},
@@ -210,4 +221,11 @@ def index(
     return dg.MaterializeResult(metadata=meta, data_version=tag_version(ds, cv.EXPORTS_INDEX))
 
 
-ASSETS: list[dg.AssetsDefinition | dg.AssetSpec] = [archive, journal, flush_tables, exports, index]
+ASSETS: list[dg.AssetsDefinition | dg.AssetSpec] = [
+    archive,
+    mappings,
+    journal,
+    flush_tables,
+    exports,
+    index,
+]

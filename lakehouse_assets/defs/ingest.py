@@ -1,4 +1,4 @@
-"""Ingest jobs: crawl a source into a dataset's archive and journal.
+"""Ingest jobs: crawl a source, process mappings; the mapping sensor.
 
 The crawl writes outside the asset functions (into ``archive`` and
 ``journal``, the tenants' assets); it reports the archive it changed, and the
@@ -6,14 +6,19 @@ journal sensor and automation carry its results on through the graph.
 """
 
 from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
 from lakehouse_assets import conventions as cv
+from lakehouse_assets.defs.metadata import DATA_VERSION_TAG, markdown_table
 from lakehouse_assets.defs.partitions import datasets
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.defs.sensors import archive_event
+from lakehouse_assets.defs.sensors import archive_event, changed_datasets, cursor_with
+from lakehouse_assets.lake import Dataset
+from lakehouse_assets.settings import Settings
 
 
 class CrawlConfig(dg.Config):
@@ -62,4 +67,112 @@ def crawl_job() -> None:
     crawl_source()
 
 
-JOBS = [crawl_job]
+class MappingsConfig(dg.Config):
+    content_hashes: list[str] = Field(
+        default_factory=list,
+        description="CSV content hashes whose mappings to process (empty: every stale one).",
+    )
+    force: bool = Field(default=False, description="Process even fresh mappings.")
+
+
+@dg.op(description="Map archived CSVs into the journal with their stored mappings.")
+def process_mappings(
+    context: dg.OpExecutionContext, config: MappingsConfig, lakehouse: LakehouseResource
+) -> dg.Output[None]:
+    ds = lakehouse.dataset(context.partition_key)
+    hashes = config.content_hashes or [
+        m["content_hash"] for m in ds.mappings() if config.force or not m["fresh"]
+    ]
+    results = []
+    for content_hash in hashes:
+        result = ds.process_mapping(content_hash, force=config.force)
+        context.log.info("mapping %s of %s: %s", content_hash, ds.name, result.as_dict())
+        results.append(result.as_dict())
+    return dg.Output(
+        None,
+        metadata={
+            "mappings": len(results),
+            "statements": sum(r["statements"] for r in results),
+            "csv_rows": sum(r["csv_rows"] for r in results),
+            "results": dg.MetadataValue.json(results),
+        },
+    )
+
+
+@dg.job(
+    partitions_def=datasets,
+    description="Process stored mappings of one dataset (requested by `mapping_changes`).",
+)
+def mappings_job() -> None:
+    process_mappings()
+
+
+def mappings_event(
+    ds: Dataset, ts: datetime, stored: list[dict[str, Any]]
+) -> dg.AssetMaterialization:
+    """The reported materialization of a dataset's ``mappings``."""
+    return dg.AssetMaterialization(
+        asset_key="mappings",
+        partition=ds.name,
+        tags={DATA_VERSION_TAG: ts.isoformat()},
+        metadata={
+            "mappings": len(stored),
+            "stale": sum(1 for m in stored if not m["fresh"]),
+            "last_updated": dg.MetadataValue.timestamp(ts),
+            "list": dg.MetadataValue.md(
+                markdown_table(
+                    ["csv", "queries", "versions", "last processed"],
+                    [
+                        (
+                            m["content_hash"][:16],
+                            m["queries"],
+                            m["versions"],
+                            m["last_processed"] or "-",
+                        )
+                        for m in stored
+                    ],
+                )
+            ),
+        },
+    )
+
+
+@dg.sensor(
+    name="mapping_changes",
+    job=mappings_job,
+    minimum_interval_seconds=Settings().sensor_interval_seconds,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Reports stored/changed mappings (tag `mappings/last_updated`) and requests "
+    "a run that maps the stale ones into the journal.",
+)
+def mapping_changes(
+    context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
+) -> dg.SensorResult | dg.SkipReason:
+    lake = lakehouse.lake()
+    events: list[dg.AssetMaterialization] = []
+    runs: list[dg.RunRequest] = []
+    updates: dict[str, str] = {}
+    for ds, ts, _ in changed_datasets(context, lake, cv.MAPPINGS_LAST_UPDATED):
+        stored = ds.mappings()
+        events.append(mappings_event(ds, ts, stored))
+        stale = sorted(m["content_hash"] for m in stored if not m["fresh"])
+        if stale:
+            runs.append(
+                dg.RunRequest(
+                    run_key=f"{ds.name}:mappings:{ts.isoformat()}",
+                    partition_key=ds.name,
+                    run_config=dg.RunConfig(
+                        ops={"process_mappings": MappingsConfig(content_hashes=stale)}
+                    ),
+                )
+            )
+        updates[ds.name] = ts.isoformat()
+    if not events:
+        return dg.SkipReason("no mapping changes")
+    return dg.SensorResult(
+        run_requests=runs, asset_events=events, cursor=cursor_with(context.cursor, updates)
+    )
+
+
+JOBS = [crawl_job, mappings_job]
+SENSORS = [mapping_changes]

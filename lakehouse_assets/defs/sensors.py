@@ -45,7 +45,7 @@ def _load_cursor(raw: str | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
-def _changed(
+def changed_datasets(
     context: dg.SensorEvaluationContext, lake: Lakehouse, tag: str
 ) -> Iterable[tuple[Dataset, datetime, datetime | None]]:
     """(dataset, tag now, tag at the cursor) for partitions whose ``tag`` moved."""
@@ -96,7 +96,7 @@ def journal_event(lake: Lakehouse, ds: Dataset, ts: datetime) -> dg.AssetMateria
     )
 
 
-def _cursor_with(raw: str | None, updates: dict[str, str]) -> str:
+def cursor_with(raw: str | None, updates: dict[str, str]) -> str:
     cursor = _load_cursor(raw)
     cursor.update(updates)
     return json.dumps(cursor, sort_keys=True)
@@ -165,7 +165,7 @@ def archive_files(
     events: list[dg.AssetMaterialization] = []
     runs: list[dg.RunRequest] = []
     updates: dict[str, str] = {}
-    for ds, ts, prev in _changed(context, lake, cv.ARCHIVE_LAST_UPDATED):
+    for ds, ts, prev in changed_datasets(context, lake, cv.ARCHIVE_LAST_UPDATED):
         files = list(ds.archive.list())
         new = [m for m in files if prev is None or m.updated_at > prev]
         events.append(archive_event(ds, ts, files, len(new)))
@@ -185,7 +185,7 @@ def archive_files(
     if not events:
         return dg.SkipReason("no archive changes")
     return dg.SensorResult(
-        run_requests=runs, asset_events=events, cursor=_cursor_with(context.cursor, updates)
+        run_requests=runs, asset_events=events, cursor=cursor_with(context.cursor, updates)
     )
 
 
@@ -202,12 +202,12 @@ def journal_writes(
     lake = lakehouse.lake()
     events: list[dg.AssetMaterialization] = []
     updates: dict[str, str] = {}
-    for ds, ts, _ in _changed(context, lake, cv.JOURNAL_LAST_UPDATED):
+    for ds, ts, _ in changed_datasets(context, lake, cv.JOURNAL_LAST_UPDATED):
         events.append(journal_event(lake, ds, ts))
         updates[ds.name] = ts.isoformat()
     if not events:
         return dg.SkipReason("no journal writes")
-    return dg.SensorResult(asset_events=events, cursor=_cursor_with(context.cursor, updates))
+    return dg.SensorResult(asset_events=events, cursor=cursor_with(context.cursor, updates))
 
 
 SENSORS = [new_datasets, archive_files, journal_writes]
