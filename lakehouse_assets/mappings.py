@@ -426,9 +426,10 @@ def _map_spark(
                 if chunk:
                     writer.write_table(pa.table({"fields": chunk}, schema=schema))
                     rows += len(chunk)
-        # a task per CHUNK_ROWS rows, at most one per shuffle partition: a small
-        # CSV is one task (each Python worker pays followthemoney's import once)
-        tasks = max(1, min(ds.settings.spark_shuffle_partitions, -(-rows // CHUNK_ROWS)))
+        # a task per CHUNK_ROWS rows (at least one per core, at most one per
+        # shuffle partition): each Python worker pays followthemoney's set-up once
+        cores = spark.sparkContext.defaultParallelism
+        tasks = max(1, min(ds.settings.spark_shuffle_partitions, max(cores, -(-rows // CHUNK_ROWS))))
         frame = spark.read.parquet(str(staging / "in")).repartition(tasks)
         task = _spark_task(ds.name, content_hash, queries, header, bulk.seen, str(staging / "out"))
         parts = frame.mapInArrow(task, "path string, rows long").collect()
