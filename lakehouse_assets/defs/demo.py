@@ -17,13 +17,14 @@ from typing import Any
 import dagster as dg
 
 from lakehouse_assets import conventions as cv
+from lakehouse_assets.defs.ingest import mappings_event
 from lakehouse_assets.defs.partitions import DATASETS
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.defs.sensors import archive_event, journal_event
 
 
 def report_sources(instance: dg.DagsterInstance, lakehouse: LakehouseResource, name: str) -> None:
-    """Add the partition and report the archive/journal as the sensors would."""
+    """Add the partition and report archive, mappings and journal as the sensors would."""
     lake = lakehouse.lake()
     ds = lake.dataset(name)
     if not instance.has_dynamic_partition(DATASETS, name):
@@ -32,6 +33,9 @@ def report_sources(instance: dg.DagsterInstance, lakehouse: LakehouseResource, n
     if archived is not None:
         files = list(ds.archive.list())
         instance.report_runless_asset_event(archive_event(ds, archived, files, len(files)))
+    mapped = ds.core_tags.get(cv.MAPPINGS_LAST_UPDATED)
+    if mapped is not None:
+        instance.report_runless_asset_event(mappings_event(ds, mapped, ds.mappings()))
     written = ds.core_tags.get(cv.JOURNAL_LAST_UPDATED)
     if written is not None:
         instance.report_runless_asset_event(journal_event(lake, ds, written))

@@ -27,6 +27,10 @@ PY
 rm -f "$LAKE/.archive-ls.jsonl"
 echo "== writing entities"
 $LH -d $DS entities write -i "$HERE/entities.ftm.json" --origin sample
+echo "== mapping the archived shareholders CSV (followthemoney mapping, origin mapping:{sha256})"
+CSV_SHA=$("$VENV/bin/python" -c 'import hashlib,sys; print(hashlib.sha256(open(sys.argv[1],"rb").read()).hexdigest())' "$HERE/documents/northwind-shareholders.csv")
+$LH -d $DS mapping add "$CSV_SHA" "$HERE/northwind-shareholders.yml"
+$LH -d $DS mapping process "$CSV_SHA" --engine local
 echo "== stored"
 "$VENV/bin/python" - "$LAKE" "$DS" <<'PY'
 import sys
