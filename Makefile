@@ -43,6 +43,7 @@ typecheck: install
 bench: install
 	$(PY) -m benchmarks.journal_write --statements 1000000
 	$(PY) -m benchmarks.dataplane --statements 1000000
+	$(PY) -m benchmarks.mapping --rows 1000000
 
 clean:
 	rm -rf $(DEMO_LAKE) .pytest_cache .mypy_cache .ruff_cache
