@@ -160,6 +160,13 @@ def main() -> None:
             f"({result.statements:,} statements into the journal; engine {result.engine}, "
             "Spark start included)"
         )
+        if result.map_seconds:
+            journal = seconds - result.map_seconds
+            print(
+                f"  of which mapping on Spark (start, CSV split, executors): "
+                f"{result.map_seconds:.1f} s = {result.csv_rows / result.map_seconds:,.0f} rows/s; "
+                f"journal write: {journal:.1f} s = {result.statements / journal:,.0f} statements/s"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

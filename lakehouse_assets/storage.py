@@ -210,6 +210,18 @@ class LocalStore(Store):
                 found.append(full.relative_to(self.root).as_posix())
         yield from sorted(found)
 
+    def list_dirs(self, prefix: str) -> builtins.list[str]:
+        """Direct children of ``prefix`` that hold anything (one directory read, no walk)."""
+        base = self._path(prefix.rstrip("/")) if prefix else self.root
+        if not base.is_dir():
+            return []
+        return sorted(
+            e.name
+            for e in os.scandir(base)
+            if (e.is_file() and not (e.name.startswith(".") and e.name.endswith(".tmp")))
+            or (e.is_dir() and any(os.scandir(e.path)))
+        )
+
     def size(self, path: str) -> int:
         try:
             return self._path(path).stat().st_size
@@ -331,6 +343,23 @@ class S3Store(Store):
         for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
             for obj in page.get("Contents", []):
                 yield obj["Key"][strip:]
+
+    def list_dirs(self, prefix: str) -> builtins.list[str]:
+        """Direct children of ``prefix`` (a delimited listing, not every key)."""
+        full = (
+            self._key(prefix.rstrip("/")) + "/"
+            if prefix
+            else (f"{self.prefix}/" if self.prefix else "")
+        )
+        names: set[str] = set()
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full, Delimiter="/"):
+            for common in page.get("CommonPrefixes", []):
+                names.add(common["Prefix"][len(full) :].rstrip("/"))
+            for obj in page.get("Contents", []):
+                names.add(obj["Key"][len(full) :])
+        names.discard("")
+        return sorted(names)
 
     def size(self, path: str) -> int:
         from botocore.exceptions import ClientError
