@@ -1,12 +1,12 @@
 """The dataset-partitioned asset graph of the specification's dependency chain.
 
-    archive → (mappings) → journal → statements + translog → statements_csv,
-                                                entities_ftm_json,
-                                                statistics → index
+    archive → mappings → journal → statements + translog → statements_csv,
+        └──────────────────┘                               entities_ftm_json,
+                                                           statistics → index
 
-``archive`` and ``journal`` are written by tenants outside Dagster: they are
-external assets whose changes the sensors report (with the lake's tags as data
-versions). Everything downstream materializes on its own when they change
+``archive``, ``mappings`` and ``journal`` are written by tenants outside
+Dagster: they are external assets whose changes the sensors report (with the
+lake's tags as data versions). Everything downstream materializes on its own when they change
 (``AutomationCondition.eager()``): the flush first, then the exports that share
 one Spark pass, then the index.
 """
