@@ -185,9 +185,8 @@ def test_crawl_job_in_dagster(local_lake: Lakehouse, tmp_path: Path) -> None:
         job = defs.resolve_job_def("crawl_job")
         result = run_crawl_job(job, instance, source, local_lake, ds.name)
     assert result.success
-    (mat,) = [e.materialization for e in result.get_asset_materialization_events()]
-    assert mat.asset_key == dg.AssetKey("archive") and mat.partition == ds.name
-    assert mat.metadata["new_files"].value == 2
+    (output,) = [e for e in result.events_for_node("crawl_source") if e.is_successful_output]
+    assert output.step_output_data.metadata["archived"].value == 2
     assert {m.key for m in ds.archive.list()} == {"reports/2024/q1.pdf", "reports/2024/q2.pdf"}
     assert local_lake.journal.count(ds.name) > 0
 

@@ -30,6 +30,7 @@ import requests
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.lake import Lakehouse
 from lakehouse_assets_tests.conftest import REPO, free_port, sample_entities, stop_process
+from lakehouse_assets_tests.test_defs_assets import KEYS
 
 DATASET = "ui_e2e"
 ARTIFACTS = REPO / "test-artifacts"
@@ -266,17 +267,7 @@ def test_asset_graph_in_a_real_browser(server: Server) -> None:
         driver = WebDriver(port)
         try:
             driver.call("POST", "/url", {"url": f"{server.url}/asset-groups"})
-            names = (
-                "archive",
-                "mappings",
-                "journal",
-                "statements",
-                "translog",
-                "statements_csv",
-                "entities_ftm_json",
-                "statistics",
-                "index",
-            )
+            names = tuple(sorted(KEYS))
             wait_for("the asset graph", lambda: driver.shows(names), server, 90)
             time.sleep(5)  # let the graph's layout and statuses settle before the picture
             png = base64.b64decode(driver.call("GET", "/screenshot"))

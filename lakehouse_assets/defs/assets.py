@@ -27,7 +27,7 @@ from lakehouse_assets.defs.metadata import (
 )
 from lakehouse_assets.defs.partitions import datasets
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
-from lakehouse_assets.exports import ENTITIES, INDEX, STATEMENTS, STATISTICS, export
+from lakehouse_assets.exports import ENTITIES, EXPORTS, INDEX, STATEMENTS, STATISTICS, export
 from lakehouse_assets.flush import flush
 
 GROUP = "ftm_lakehouse"
@@ -189,14 +189,8 @@ def exports(
             if table:
                 meta["schema_distribution"] = dg.MetadataValue.md(table)
         yield dg.MaterializeResult(
-            asset_key=key, metadata=meta, data_version=tag_version(ds, _tag(kind))
+            asset_key=key, metadata=meta, data_version=tag_version(ds, EXPORTS[kind][1])
         )
-
-
-def _tag(kind: str) -> str:
-    from lakehouse_assets.exports import EXPORTS as KINDS
-
-    return KINDS[kind][1]
 
 
 @dg.asset(

@@ -37,17 +37,12 @@ def _problem(schema: str, prop: str, prop_type: str) -> str | None:
     return None
 
 
-@dg.asset_check(
-    asset="statements",
-    blocking=True,
-    description="Every live statement's schema and property exist in the followthemoney "
-    "model, with the property's type.",
-)
-def statements_schema_valid(
-    context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
-) -> dg.AssetCheckResult:
-    ds = lakehouse.dataset(context.partition_key)
-    live = live_frame(spark.session(ds.settings), ds)
+SCHEMA_VALID = "statements_schema_valid"
+IDS_VALID = "statement_ids_valid"
+REFERENCES = "references_resolve"
+
+
+def _invalid_schemata(live: Any) -> dg.AssetCheckResult:
     combos = live.groupBy("schema", "prop", "prop_type").count().collect()
     bad = [
         {"schema": r["schema"], "prop": r["prop"], "statements": r["count"], "problem": p}
@@ -55,6 +50,7 @@ def statements_schema_valid(
         if (p := _problem(r["schema"], r["prop"], r["prop_type"])) is not None
     ]
     return dg.AssetCheckResult(
+        check_name=SCHEMA_VALID,
         passed=not bad,
         metadata={
             "schema_property_pairs": len(combos),
@@ -87,42 +83,23 @@ def _id_task(rows: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             yield pa.RecordBatch.from_pydict(bad)
 
 
-@dg.asset_check(
-    asset="statements",
-    blocking=True,
-    description="Every statement id equals followthemoney's id of (dataset, entity, "
-    "property, value, external): ids are how duplicates and deletions are found.",
-)
-def statement_ids_valid(
-    context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
-) -> dg.AssetCheckResult:
-    ds = lakehouse.dataset(context.partition_key)
-    live = live_frame(spark.session(ds.settings), ds).select(
-        "id", "dataset", "entity_id", "prop", "value", "external"
-    )
+def _wrong_ids(live: Any) -> dg.AssetCheckResult:
+    columns = live.select("id", "dataset", "entity_id", "prop", "value", "external")
     schema = "id string, expected string, entity_id string, prop string"
-    mismatches = live.mapInArrow(_id_task, schema).persist()
+    mismatches = columns.mapInArrow(_id_task, schema).persist()
     count = mismatches.count()
     examples = [r.asDict() for r in mismatches.limit(EXAMPLES).collect()]
     mismatches.unpersist()
     return dg.AssetCheckResult(
+        check_name=IDS_VALID,
         passed=count == 0,
         metadata={"wrong_ids": count, "examples": dg.MetadataValue.json(examples)},
     )
 
 
-@dg.asset_check(
-    asset="statements",
-    description="Entity-typed property values point at entities of this dataset "
-    "(warns: a dataset may reference entities it does not hold yet).",
-)
-def references_resolve(
-    context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
-) -> dg.AssetCheckResult:
+def _dangling_references(live: Any) -> dg.AssetCheckResult:
     from pyspark.sql import functions as F
 
-    ds = lakehouse.dataset(context.partition_key)
-    live = live_frame(spark.session(ds.settings), ds)
     known = (
         live.select(F.col("entity_id").alias("ref"))
         .union(live.select(F.col("canonical_id").alias("ref")))
@@ -137,6 +114,7 @@ def references_resolve(
     examples = [r.asDict() for r in dangling.limit(EXAMPLES).collect()]
     dangling.unpersist()
     return dg.AssetCheckResult(
+        check_name=REFERENCES,
         passed=count == 0,
         severity=dg.AssetCheckSeverity.WARN,
         metadata={
@@ -145,6 +123,45 @@ def references_resolve(
             "examples": dg.MetadataValue.json(examples),
         },
     )
+
+
+@dg.multi_asset_check(
+    name="statements_checks",
+    specs=[
+        dg.AssetCheckSpec(
+            SCHEMA_VALID,
+            asset="statements",
+            blocking=True,
+            description="Every live statement's schema and property exist in the "
+            "followthemoney model, with the property's type.",
+        ),
+        dg.AssetCheckSpec(
+            IDS_VALID,
+            asset="statements",
+            blocking=True,
+            description="Every statement id equals followthemoney's id of (dataset, entity, "
+            "property, value, external): ids are how duplicates and deletions are found.",
+        ),
+        dg.AssetCheckSpec(
+            REFERENCES,
+            asset="statements",
+            description="Entity-typed property values point at entities of this dataset "
+            "(warns: a dataset may reference entities it does not hold yet).",
+        ),
+    ],
+)
+def statements_checks(
+    context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
+) -> Iterator[dg.AssetCheckResult]:
+    """The statement checks over one scan of the live statements (cached between them)."""
+    ds = lakehouse.dataset(context.partition_key)
+    live = live_frame(spark.session(ds.settings), ds).persist()
+    try:
+        yield _invalid_schemata(live)
+        yield _wrong_ids(live)
+        yield _dangling_references(live)
+    finally:
+        live.unpersist()
 
 
 @dg.asset_check(
@@ -183,9 +200,4 @@ def exports_match_statements(
     )
 
 
-CHECKS = [
-    statements_schema_valid,
-    statement_ids_valid,
-    references_resolve,
-    exports_match_statements,
-]
+CHECKS = [statements_checks, exports_match_statements]

@@ -1,11 +1,10 @@
 """Ingest jobs: crawl a source, process mappings; the mapping sensor.
 
-The crawl writes outside the asset functions (into ``archive`` and
-``journal``, the tenants' assets); it reports the archive it changed, and the
-journal sensor and automation carry its results on through the graph.
+The crawl and the mappings write into ``archive`` and ``journal``, the
+tenants' assets; the sensors report those changes like any tenant's, and
+automation carries the results on through the graph.
 """
 
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -16,7 +15,7 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.defs.metadata import DATA_VERSION_TAG, markdown_table
 from lakehouse_assets.defs.partitions import datasets
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.defs.sensors import archive_event, changed_datasets, cursor_with
+from lakehouse_assets.defs.sensors import watch_tag
 from lakehouse_assets.lake import Dataset
 from lakehouse_assets.settings import Settings
 
@@ -34,7 +33,7 @@ class CrawlConfig(dg.Config):
 @dg.op(description="Archive every matching file of the source, with a Document entity each.")
 def crawl_source(
     context: dg.OpExecutionContext, config: CrawlConfig, lakehouse: LakehouseResource
-) -> Iterator[dg.AssetMaterialization | dg.Output[None]]:
+) -> dg.Output[None]:
     ds = lakehouse.dataset(context.partition_key)
     result = ds.crawl(
         config.source_uri,
@@ -46,11 +45,7 @@ def crawl_source(
     context.log.info("crawl of %s into %s: %s", config.source_uri, ds.name, result.as_dict())
     for error in result.errors:
         context.log.warning("failed: %s (%s)", error["path"], error["error"])
-    ts = ds.core_tags.get(cv.ARCHIVE_LAST_UPDATED)
-    if result.archived and ts is not None:
-        event = archive_event(ds, ts, list(ds.archive.list()), result.archived)
-        yield event
-    yield dg.Output(
+    return dg.Output(
         None,
         metadata={
             **result.as_dict(),
@@ -148,30 +143,23 @@ def mappings_event(
 def mapping_changes(
     context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
 ) -> dg.SensorResult | dg.SkipReason:
-    lake = lakehouse.lake()
-    events: list[dg.AssetMaterialization] = []
-    runs: list[dg.RunRequest] = []
-    updates: dict[str, str] = {}
-    for ds, ts, _ in changed_datasets(context, lake, cv.MAPPINGS_LAST_UPDATED):
+    def observe(
+        ds: Dataset, ts: datetime, _: datetime | None
+    ) -> tuple[dg.AssetMaterialization, dg.RunRequest | None]:
         stored = ds.mappings()
-        events.append(mappings_event(ds, ts, stored))
         stale = sorted(m["content_hash"] for m in stored if not m["fresh"])
+        run = None
         if stale:
-            runs.append(
-                dg.RunRequest(
-                    run_key=f"{ds.name}:mappings:{ts.isoformat()}",
-                    partition_key=ds.name,
-                    run_config=dg.RunConfig(
-                        ops={"process_mappings": MappingsConfig(content_hashes=stale)}
-                    ),
-                )
+            run = dg.RunRequest(
+                run_key=f"{ds.name}:mappings:{ts.isoformat()}",
+                partition_key=ds.name,
+                run_config=dg.RunConfig(
+                    ops={"process_mappings": MappingsConfig(content_hashes=stale)}
+                ),
             )
-        updates[ds.name] = ts.isoformat()
-    if not events:
-        return dg.SkipReason("no mapping changes")
-    return dg.SensorResult(
-        run_requests=runs, asset_events=events, cursor=cursor_with(context.cursor, updates)
-    )
+        return mappings_event(ds, ts, stored), run
+
+    return watch_tag(context, lakehouse.lake(), cv.MAPPINGS_LAST_UPDATED, observe)
 
 
 JOBS = [crawl_job, mappings_job]

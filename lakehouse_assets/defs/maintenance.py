@@ -14,6 +14,7 @@ from pydantic import Field
 from lakehouse_assets.defs.metadata import table_metadata, table_summary
 from lakehouse_assets.defs.partitions import DATASETS, datasets
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
+from lakehouse_assets.lake import Dataset
 
 
 class OptimizeConfig(dg.Config):
@@ -34,11 +35,7 @@ def optimize_tables(
     ds = lakehouse.dataset(context.partition_key)
     spark.session(ds.settings)
     result = ds.optimize(vacuum=config.vacuum, retention_hours=config.retention_hours)
-    yield dg.AssetObservation(
-        asset_key="statements",
-        partition=ds.name,
-        metadata={**table_metadata(table_summary(ds.statements_table)), **_flat(result.as_dict())},
-    )
+    yield _observe_statements(ds, result.as_dict())
     yield dg.Output(None)
 
 
@@ -48,22 +45,22 @@ def compact_tables(
 ) -> Iterator[dg.AssetObservation | dg.Output[None]]:
     ds = lakehouse.dataset(context.partition_key)
     spark.session(ds.settings)
-    result = ds.compact()
-    yield dg.AssetObservation(
-        asset_key="statements",
-        partition=ds.name,
-        metadata={**table_metadata(table_summary(ds.statements_table)), **_flat(result.as_dict())},
-    )
+    yield _observe_statements(ds, ds.compact().as_dict())
     yield dg.Output(None)
 
 
-def _flat(values: dict[str, Any]) -> dict[str, Any]:
-    """Result dicts as metadata (nested values as JSON)."""
-    return {
+def _observe_statements(ds: Dataset, result: dict[str, Any]) -> dg.AssetObservation:
+    """The table after maintenance, with what the operation did (nested values as JSON)."""
+    done = {
         k: dg.MetadataValue.json(v) if isinstance(v, dict | list) else v
-        for k, v in values.items()
+        for k, v in result.items()
         if v is not None
     }
+    return dg.AssetObservation(
+        asset_key="statements",
+        partition=ds.name,
+        metadata={**table_metadata(table_summary(ds.statements_table)), **done},
+    )
 
 
 @dg.job(partitions_def=datasets, description="optimize (+ vacuum) one dataset's tables.")

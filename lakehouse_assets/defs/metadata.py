@@ -14,7 +14,9 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 
+from lakehouse_assets import conventions as cv
 from lakehouse_assets.delta import DeltaLocation
+from lakehouse_assets.exports import EXPORTS
 from lakehouse_assets.lake import Dataset
 
 #: Dagster's tag for a reported event's data version (what staleness compares).
@@ -87,9 +89,6 @@ def schema_distribution(stats: Mapping[str, Any]) -> str | None:
 
 def export_metadata(ds: Dataset, kind: str, written: Mapping[str, Any] | None) -> dict[str, Any]:
     """Metadata of one export file, whether it was rewritten now or was fresh."""
-    from lakehouse_assets import conventions as cv
-    from lakehouse_assets.exports import EXPORTS
-
     path, tag, mime = EXPORTS[kind]
     full = cv.dataset_path(ds.name, path)
     meta: dict[str, Any] = {

@@ -15,7 +15,7 @@ dataset → last tag seen) live in Dagster's storage and survive restarts.
 """
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 import dagster as dg
@@ -25,6 +25,7 @@ from lakehouse_assets.archive import FileMeta
 from lakehouse_assets.defs.metadata import DATA_VERSION_TAG
 from lakehouse_assets.defs.partitions import DATASETS, datasets
 from lakehouse_assets.defs.resources import LakehouseResource
+from lakehouse_assets.errors import DatasetNotFoundError
 from lakehouse_assets.lake import DOCUMENT_MARK, Dataset, Lakehouse
 from lakehouse_assets.settings import Settings
 
@@ -54,7 +55,7 @@ def changed_datasets(
     for name in sorted(known):
         try:
             ds = lake.dataset(name)
-        except Exception:  # a partition whose dataset was removed from the lake
+        except DatasetNotFoundError:  # a partition whose dataset left the lake
             continue
         ts = ds.core_tags.get(tag)
         if ts is None:
@@ -63,6 +64,33 @@ def changed_datasets(
         prev = datetime.fromisoformat(seen) if seen else None
         if prev is None or ts > prev:
             yield ds, ts, prev
+
+
+#: What a tag sensor makes of one changed dataset: its reported event and,
+#: optionally, a run to request.
+Observe = Callable[
+    [Dataset, datetime, datetime | None], tuple[dg.AssetMaterialization, dg.RunRequest | None]
+]
+
+
+def watch_tag(
+    context: dg.SensorEvaluationContext, lake: Lakehouse, tag: str, observe: Observe
+) -> dg.SensorResult | dg.SkipReason:
+    """The body of every tag sensor: observe each dataset whose tag moved, advance the cursor."""
+    events: list[dg.AssetMaterialization] = []
+    runs: list[dg.RunRequest] = []
+    updates: dict[str, str] = {}
+    for ds, ts, prev in changed_datasets(context, lake, tag):
+        event, run = observe(ds, ts, prev)
+        events.append(event)
+        if run is not None:
+            runs.append(run)
+        updates[ds.name] = ts.isoformat()
+    if not events:
+        return dg.SkipReason(f"{tag} unchanged")
+    return dg.SensorResult(
+        run_requests=runs, asset_events=events, cursor=cursor_with(context.cursor, updates)
+    )
 
 
 def archive_event(
@@ -162,31 +190,26 @@ def archive_files(
     context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
 ) -> dg.SensorResult | dg.SkipReason:
     lake = lakehouse.lake()
-    events: list[dg.AssetMaterialization] = []
-    runs: list[dg.RunRequest] = []
-    updates: dict[str, str] = {}
-    for ds, ts, prev in changed_datasets(context, lake, cv.ARCHIVE_LAST_UPDATED):
+
+    def observe(
+        ds: Dataset, ts: datetime, prev: datetime | None
+    ) -> tuple[dg.AssetMaterialization, dg.RunRequest | None]:
         files = list(ds.archive.list())
         new = [m for m in files if prev is None or m.updated_at > prev]
-        events.append(archive_event(ds, ts, files, len(new)))
         # files whose writer made the Document already (crawl, --document) are left alone
         checksums = sorted({m.checksum for m in new if not m.extra.get(DOCUMENT_MARK)})
+        run = None
         if checksums and lake.settings.archive_documents:
-            runs.append(
-                dg.RunRequest(
-                    run_key=f"{ds.name}:{ts.isoformat()}",
-                    partition_key=ds.name,
-                    run_config=dg.RunConfig(
-                        ops={"write_documents": DocumentsConfig(checksums=checksums)}
-                    ),
-                )
+            run = dg.RunRequest(
+                run_key=f"{ds.name}:{ts.isoformat()}",
+                partition_key=ds.name,
+                run_config=dg.RunConfig(
+                    ops={"write_documents": DocumentsConfig(checksums=checksums)}
+                ),
             )
-        updates[ds.name] = ts.isoformat()
-    if not events:
-        return dg.SkipReason("no archive changes")
-    return dg.SensorResult(
-        run_requests=runs, asset_events=events, cursor=cursor_with(context.cursor, updates)
-    )
+        return archive_event(ds, ts, files, len(new)), run
+
+    return watch_tag(context, lake, cv.ARCHIVE_LAST_UPDATED, observe)
 
 
 @dg.sensor(
@@ -200,14 +223,12 @@ def journal_writes(
     context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
 ) -> dg.SensorResult | dg.SkipReason:
     lake = lakehouse.lake()
-    events: list[dg.AssetMaterialization] = []
-    updates: dict[str, str] = {}
-    for ds, ts, _ in changed_datasets(context, lake, cv.JOURNAL_LAST_UPDATED):
-        events.append(journal_event(lake, ds, ts))
-        updates[ds.name] = ts.isoformat()
-    if not events:
-        return dg.SkipReason("no journal writes")
-    return dg.SensorResult(asset_events=events, cursor=cursor_with(context.cursor, updates))
+    return watch_tag(
+        context,
+        lake,
+        cv.JOURNAL_LAST_UPDATED,
+        lambda ds, ts, _: (journal_event(lake, ds, ts), None),
+    )
 
 
 SENSORS = [new_datasets, archive_files, journal_writes]
