@@ -7,17 +7,25 @@ matter to everything above it:
 * ``write_bytes`` is atomic: a reader sees the old content or the new, never
   half a file (temp file + rename locally; a single PUT on S3).
 * ``put_if_absent`` creates a key only if it does not exist yet (hard link
-  locally, ``If-None-Match: *`` on S3), the primitive behind locks.
+  locally, ``If-None-Match: *`` on S3), and ``replace_if_match`` replaces a
+  key only if it is still the version the caller read (compare-and-swap: an
+  ETag ``If-Match`` on S3, a content check under ``flock`` of the folder
+  locally). Locks are built on these two.
 """
 
 from __future__ import annotations
 
 import builtins
+import fcntl
+import hashlib
 import os
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,6 +51,15 @@ def _clean(path: str) -> str:
     return path
 
 
+@dataclass(frozen=True, slots=True)
+class Versioned:
+    """The content of a key and the version token a conditional write compares."""
+
+    data: bytes
+    etag: str
+    modified: datetime
+
+
 class Store(ABC):
     """Read and write lake-relative paths on one backend."""
 
@@ -62,6 +79,14 @@ class Store(ABC):
     @abstractmethod
     def put_if_absent(self, path: str, data: bytes) -> bool:
         """Create ``path`` only if absent; return whether this call created it."""
+
+    @abstractmethod
+    def read_versioned(self, path: str) -> Versioned | None:
+        """Content and version token of ``path``, or None if it does not exist."""
+
+    @abstractmethod
+    def replace_if_match(self, path: str, data: bytes, etag: str) -> bool:
+        """Replace ``path`` only if it still has version ``etag``; return whether it did."""
 
     @abstractmethod
     def put_file(self, path: str, local: Path) -> None:
@@ -172,6 +197,40 @@ class LocalStore(Store):
             tmp.unlink(missing_ok=True)
         return True
 
+    @contextmanager
+    def _folder_lock(self, target: Path) -> Iterator[None]:
+        """Exclusive ``flock`` of the folder holding ``target`` (all processes on this host)."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def read_versioned(self, path: str) -> Versioned | None:
+        target = self._path(path)
+        try:
+            with target.open("rb") as fh:
+                data = fh.read()
+                mtime = os.fstat(fh.fileno()).st_mtime
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        return Versioned(data, _content_tag(data), datetime.fromtimestamp(mtime, UTC))
+
+    def replace_if_match(self, path: str, data: bytes, etag: str) -> bool:
+        target = self._path(path)
+        with self._folder_lock(target):
+            try:
+                current = target.read_bytes()
+            except FileNotFoundError:
+                return False
+            if _content_tag(current) != etag:
+                return False
+            self.write_bytes(path, data)
+            return True
+
     def put_file(self, path: str, local: Path) -> None:
         target = self._path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -237,6 +296,15 @@ class LocalStore(Store):
     def local_path(self, path: str) -> Path:
         """The file-system path of a lake path (local lakes only)."""
         return self._path(path)
+
+
+def _content_tag(data: bytes) -> str:
+    """The local stand-in for an ETag: a hash of the content."""
+    return hashlib.sha256(data).hexdigest()
+
+
+#: Error codes S3-compatible servers answer a failed precondition with.
+PRECONDITION_FAILED = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
 
 
 def s3_client(settings: Settings) -> Any:
@@ -311,8 +379,32 @@ class S3Store(Store):
             )
             return True
         except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code", "") in PRECONDITION_FAILED:
+                return False
+            raise
+
+    def read_versioned(self, path: str) -> Versioned | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            obj = self.client.get_object(Bucket=self.bucket, Key=self._key(path))
+        except ClientError as exc:
+            if self._is_missing(exc):
+                return None
+            raise
+        with obj["Body"] as body:
+            data = body.read()
+        return Versioned(data, str(obj["ETag"]), obj["LastModified"].astimezone(UTC))
+
+    def replace_if_match(self, path: str, data: bytes, etag: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(path), Body=data, IfMatch=etag)
+            return True
+        except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
-            if code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+            if code in PRECONDITION_FAILED or self._is_missing(exc):
                 return False
             raise
 
