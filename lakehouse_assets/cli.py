@@ -265,6 +265,25 @@ def tags_ls(obj: Context, tenant: str) -> None:
         click.echo(f"{key}\t{ts.isoformat()}")
 
 
+@cli.command("unlock")
+@click.option(
+    "--operation",
+    default=None,
+    help="Clear the tenant's operation lock locks/{tenant}/OPERATION instead of the "
+    "dataset's .LOCK (the lock of every table writer).",
+)
+@pass_ctx
+def unlock_cmd(obj: Context, operation: str | None) -> None:
+    """Clear a lock whose holder is gone.
+
+    Refuses while the holder is alive on this host. The lock's generation
+    moves on, so a holder still running elsewhere can no longer commit.
+    """
+    ds = obj.dataset()
+    lock = ds.operation_lock(operation) if operation else ds.lock()
+    click.echo(lock.force_release())
+
+
 @cli.command("jobs")
 @click.argument("job_type")
 @pass_ctx

@@ -4,10 +4,19 @@ Spark writes Parquet; delta-rs writes the Delta log. Keeping the two apart
 is what lets the lake work without any JVM JAR (Maven is unreachable) while
 staying standard Delta that delta-spark, DuckDB or Polars can read.
 
-Commits carry an *app transaction* (``app_id``, ``version``): Delta records
-the highest version committed per app id, so a retried commit (after a
-crash between writing files and clearing the journal) is recognised and
-skipped instead of duplicating data.
+Every commit of a dataset's tables is **fenced**: it carries the writer's
+lock generation as a Delta app transaction (``lakehouse.writer``), is made
+from the snapshot the writer read (so any commit since then by another
+writer of the same app id is a conflict, not a silent rebase), and checks
+just before committing that the lock is still the writer's. A writer that
+lost its lock therefore fails with ``LockLostError`` or
+``ConcurrentWriteError`` and commits nothing.
+
+A translog commit also *publishes* a statements-table version (the app
+transaction ``lakehouse.statements``): readers take the translog's latest
+version and the statements version it names, so they never pair a flush's
+appended statements with the translog from before it (see
+:class:`tables.DatasetSnapshot`).
 """
 
 from __future__ import annotations
@@ -17,14 +26,31 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake import Schema as DeltaSchema
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
+
+from lakehouse_assets.errors import ConcurrentWriteError, LockLostError
+
+#: App transaction of translog commits: the statements version they publish.
+PUBLISHED_APP_ID = "lakehouse.statements"
+
+
+class CommitFence(Protocol):
+    """A lock's fence (:class:`locks.Fence`): app id, generation, still-held check."""
+
+    @property
+    def app_id(self) -> str: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    def check(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +161,9 @@ def commit(
     schema: pa.Schema,
     partition_by: Sequence[str] | None = None,
     mode: Literal["append", "overwrite"] = "append",
+    fence: CommitFence | None = None,
+    read_version: int | None = None,
+    publishes: int | None = None,
     app_id: str | None = None,
     app_version: int | None = None,
     metadata: Mapping[str, Any] | None = None,
@@ -142,33 +171,67 @@ def commit(
     """Commit files in one transaction (creating the table if needed); return the version.
 
     ``actions`` may mix adds and removes: a rewrite (translog update, optimize)
-    replaces its files atomically.
+    replaces its files atomically. ``read_version`` is the version the writer
+    read to decide what to write (default: the latest); ``fence`` is the
+    writer's lock; ``publishes`` is the statements version a translog commit
+    makes visible to readers.
+
+    ``app_id``/``app_version`` make a commit idempotent: if the table already
+    records ``app_version`` (or a later one) for ``app_id``, the commit was
+    made before (a retry after a lost answer or a crash) and is skipped; the
+    current version is returned.
     """
+    if app_id is not None and app_version is not None:
+        current = location.table()
+        done = None if current is None else current.transaction_version(app_id)
+        if current is not None and done is not None and done >= app_version:
+            return current.version()
     txns = []
     if app_id is not None and app_version is not None:
         txns.append(Transaction(app_id, app_version))
+    if fence is not None:
+        txns.append(Transaction(fence.app_id, fence.generation))
+    if publishes is not None:
+        txns.append(Transaction(PUBLISHED_APP_ID, publishes))
     props = CommitProperties(
         custom_metadata=dict(metadata or {}), max_commit_retries=20, app_transactions=txns
     )
-    table = location.table()
-    if table is None:
-        create_table_with_add_actions(
-            location.uri,
-            DeltaSchema.from_arrow(schema),
-            [a for a in actions if isinstance(a, AddAction)],
-            mode="append",
-            partition_by=list(partition_by or []) or None,
-            storage_options=dict(location.storage_options),
-            commit_properties=props,
-        )
-    else:
-        table.create_write_transaction(
-            list(actions),
-            mode,
-            schema,
-            partition_by=list(partition_by or []) or None,
-            commit_properties=props,
-        )
+    table = location.table(read_version)
+    try:
+        if table is None:
+            if fence is not None:
+                fence.check()
+            create_table_with_add_actions(
+                location.uri,
+                DeltaSchema.from_arrow(schema),
+                [a for a in actions if isinstance(a, AddAction)],
+                mode="append",
+                partition_by=list(partition_by or []) or None,
+                storage_options=dict(location.storage_options),
+                commit_properties=props,
+            )
+        else:
+            if fence is not None:
+                recorded = table.transaction_version(fence.app_id)
+                if recorded is not None and recorded > fence.generation:
+                    raise LockLostError(
+                        f"{location.uri}: a newer lock holder (generation {recorded}) has "
+                        f"committed; this writer (generation {fence.generation}) lost its lock "
+                        "and commits nothing"
+                    )
+                fence.check()
+            table.create_write_transaction(
+                list(actions),
+                mode,
+                schema,
+                partition_by=list(partition_by or []) or None,
+                commit_properties=props,
+            )
+    except CommitFailedError as exc:
+        raise ConcurrentWriteError(
+            f"{location.uri}: another writer committed meanwhile ({exc}); "
+            "nothing of this run was committed, run it again"
+        ) from exc
     latest = location.table()
     assert latest is not None
     return latest.version()

@@ -86,6 +86,22 @@ class LockedError(LakehouseError):
     retryable = True
 
 
+class LockLostError(LakehouseError):
+    """A writer's lock was broken (it was paused past the TTL, or unlocked by hand).
+
+    Raised before anything is committed: the writer stops, the next run redoes
+    its work under a lock of its own.
+    """
+
+    retryable = True
+
+
+class ConcurrentWriteError(LakehouseError):
+    """Another writer committed to the same Delta table meanwhile; nothing was committed."""
+
+    retryable = True
+
+
 class ConfigurationError(LakehouseError):
     """The environment or settings are incomplete (missing Java, bad URI...)."""
 

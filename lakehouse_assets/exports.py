@@ -45,7 +45,8 @@ from followthemoney.statement.serialize import CSV_COLUMNS
 from ftmq.model.stats import Collector, DatasetStats
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.flush import crash_point, ensure_flush
+from lakehouse_assets import faults
+from lakehouse_assets.flush import ensure_flush
 from lakehouse_assets.query import SORT
 from lakehouse_assets.spark.delta_io import read_snapshot
 from lakehouse_assets.spark.session import get_spark
@@ -55,7 +56,7 @@ from lakehouse_assets.tables import (
     STATEMENTS_PARTITION,
     STATEMENTS_SCHEMA,
     TRANSLOG_SCHEMA,
-    Snapshot,
+    DatasetSnapshot,
     arrow_filesystem,
 )
 
@@ -105,21 +106,23 @@ def is_fresh(ds: Dataset, kind: str) -> bool:
 # --- reading live statements in Spark ---------------------------------------
 
 
-def live_frame(spark: SparkSession, ds: Dataset) -> DataFrame:
-    """Live statements: main rows not deleted in the translog, seen range from it."""
+def live_frame(
+    spark: SparkSession, ds: Dataset, snapshot: DatasetSnapshot | None = None
+) -> DataFrame:
+    """Live statements of one snapshot: main rows not deleted in the translog,
+    seen range from it."""
     from pyspark.sql import functions as F
 
+    snapshot = snapshot or ds.snapshot()
     options = ds.statements_table.storage_options
     main = read_snapshot(
         spark,
-        Snapshot.load(ds.statements_table).files,
+        snapshot.statements.files,
         STATEMENTS_SCHEMA,
         options,
         partition=STATEMENTS_PARTITION,
     )
-    log = read_snapshot(
-        spark, Snapshot.load(ds.translog_table).files, TRANSLOG_SCHEMA, options
-    ).select(
+    log = read_snapshot(spark, snapshot.translog.files, TRANSLOG_SCHEMA, options).select(
         "origin",
         "id",
         F.col("first_seen").alias("t_first"),
@@ -319,8 +322,9 @@ def _assemble(ds: Dataset, parts: Sequence[str], target: str, header: bytes = b"
                     size += len(chunk)
         out.flush()
         os.fsync(out.fileno())
-    crash_point("export_before_replace")
+    faults.point("export.before_replace")
     store.put_file(cv.dataset_path(ds.name, target), Path(tmp_name))
+    faults.point("export.after_replace")
     return _Written(target, size, digest.hexdigest())
 
 
@@ -353,6 +357,7 @@ def _run_pass(ds: Dataset, kinds: frozenset[str]) -> dict[str, dict[str, Any]]:
         task = _export_task(staging_uri, options, ds.name, kinds)
         results = sorted(ordered.mapInArrow(task, TASK_RESULT).collect(), key=lambda r: r["part"])
         live.unpersist()
+        faults.point("export.after_parts")
         out: dict[str, dict[str, Any]] = {}
         rows = sum(r["rows"] for r in results)
         entity_count = sum(r["entities"] for r in results)
@@ -419,7 +424,7 @@ def export(
         raise ValueError(f"Unknown export(s) {sorted(unknown)}; choose from {sorted(EXPORTS)}")
     flushed = ensure_flush(ds)
     result.flushed = flushed.as_dict() if flushed is not None else None
-    with ds.operation_lock("export"):
+    with ds.operation_lock("export", tenant=cv.LAKEHOUSE_TENANT):
         spark_kinds = frozenset(k for k in kinds if k != INDEX and (force or not is_fresh(ds, k)))
         result.skipped = [k for k in kinds if k != INDEX and k not in spark_kinds]
         if spark_kinds:

@@ -1,42 +1,50 @@
 """Flush: move the journal into the Delta statements table and the translog.
 
-The specification's process, made crash-safe:
+The specification's process, made safe against crashes and concurrent writers:
 
-1. Read the journal rows of a dataset up to ``max_seq``, bucket by bucket, in
-   (bucket, origin, canonical_id) order; group buckets into batches of about
-   ``flush_batch_rows`` rows so memory stays bounded whatever the backlog.
-2. Per batch, in Spark: reduce the events to one row per statement
+1. Take the dataset's ``.LOCK`` (one table writer per dataset, whoever the
+   tenant) and **claim** the journal: stamp a flush id on every row committed
+   by now. Rows committed later wait for the next flush; only claimed rows
+   are read, and only they are deleted at the end.
+2. Read the claimed rows bucket by bucket, in (bucket, origin, canonical_id)
+   order; group buckets into batches of about ``flush_batch_rows`` rows so
+   memory stays bounded whatever the backlog.
+3. Per batch, in Spark: reduce the events to one row per statement
    (``origin``, ``id``): its columns from the first write, the earliest
    ``first_seen``, the latest ``last_seen``, and the last event's
    ``deleted_at`` (a tombstone, or NULL when the statement was written last).
-3. Statements not yet in the main table (checked against the table itself,
+4. Statements not yet in the main table (checked against the table itself,
    only the batch's buckets) are **new**: Spark's tasks write them as
    Parquet, delta-rs commits them (one append).
-4. The translog gets one row per statement that is in the main table:
+5. The translog gets one row per statement that is in the main table:
    ``first_seen``/``last_seen`` widened, ``deleted_at`` from the last event.
    Spark rewrites the translog files whose bucket range overlaps the batch
-   (old rows merged with the updates); one commit removes the old files and
-   adds the new ones.
-5. Only then are the batch's journal rows deleted.
+   (old rows merged with the updates); one commit removes the old files,
+   adds the new ones and publishes the statements version readers pair
+   with it.
+6. Only then are the batch's claimed journal rows deleted.
+
+Both commits are fenced (:func:`delta.commit`): made from the version the
+flush read, with the lock's generation, after checking the lock is still
+held; a flush that lost its lock commits nothing.
 
 Why this survives a crash anywhere: newness is decided against the main
-table, so a retry after step 3 finds the statements there and does not
+table, so a retry after step 4 finds the statements there and does not
 append them twice; the translog update is a min/max/last merge, so applying
 it twice gives the same row; the journal still holds every row not yet in
-both tables. Files written by a run that died before its commit are not in
-the Delta log (readers never see them) and ``vacuum`` removes them.
+both tables (the next flush claims a dead flush's rows again). Files
+written by a run that died before its commit are not in the Delta log
+(readers never see them) and ``vacuum`` removes them.
 
-For tests, ``LAKEHOUSE_CRASH_AT`` set to one of :data:`CRASH_POINTS` makes
-the process kill itself (SIGKILL) at that point.
+Fault points for tests: :data:`faults.FLUSH_POINTS`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +53,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from lakehouse_assets import conventions as cv
+from lakehouse_assets import faults
 from lakehouse_assets.delta import commit, remove_action
+from lakehouse_assets.locks import Fence
 from lakehouse_assets.spark.delta_io import arrow_frame, read_snapshot, write_parquet
 from lakehouse_assets.spark.session import get_spark
 from lakehouse_assets.tables import (
@@ -62,23 +72,6 @@ if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset
 
 log = logging.getLogger(__name__)
-
-#: Lock name shared by every operation that writes a dataset's Delta tables
-#: (flush, compact, optimize): one writer at a time, readers never wait.
-TABLES_LOCK = "tables"
-
-CRASH_POINTS = (
-    "after_parquet",
-    "after_statements_commit",
-    "after_translog_commit",
-    "before_journal_clear",
-)
-
-
-def crash_point(name: str) -> None:
-    """Die here, like a power cut, if the test harness asked for it."""
-    if os.environ.get("LAKEHOUSE_CRASH_AT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass
@@ -155,18 +148,23 @@ def rewrite_translog(
     span: tuple[int, int],
     metadata: dict[str, str],
     rows: int,
+    *,
+    fence: Fence,
+    publishes: int | None,
 ) -> int | None:
     """Upsert translog rows: rewrite the files that may hold them, in one commit.
 
     A row's ``first_seen`` only moves back, ``last_seen`` only forward, and
     ``deleted_at`` is the last event's: applying the same updates twice gives
-    the same rows, which is what makes a retried flush safe.
+    the same rows, which is what makes a retried flush safe. The commit
+    publishes the statements version ``publishes`` (see :mod:`tables`).
     """
     from pyspark.sql import functions as F
 
     location = ds.translog_table
     options = location.storage_options
-    old_files = Snapshot.load(location).select(span)
+    snapshot = Snapshot.load(location)
+    old_files = snapshot.select(span)
     old = read_snapshot(spark, old_files, TRANSLOG_SCHEMA, options).alias("t")
     new = updates.select(*TRANSLOG_SCHEMA.names).withColumn("_update", F.lit(True)).alias("s")
     merged = (
@@ -186,9 +184,17 @@ def rewrite_translog(
     )
     adds = write_parquet(merged, location.uri, options, TRANSLOG_SCHEMA, prefix="translog")
     removes = [remove_action(f.path, f.size, f.partition_values) for f in old_files]
-    if not adds and not removes:
-        return None
-    return commit(location, [*removes, *adds], schema=TRANSLOG_SCHEMA, metadata=metadata)
+    if not adds and not removes and snapshot.version is None:
+        return None  # nothing to record and no table to publish in yet
+    return commit(
+        location,
+        [*removes, *adds],
+        schema=TRANSLOG_SCHEMA,
+        metadata=metadata,
+        fence=fence,
+        read_version=snapshot.version,
+        publishes=publishes,
+    )
 
 
 class _Steps:
@@ -208,24 +214,27 @@ def _flush_batch(
     spark: SparkSession,
     ds: Dataset,
     buckets: list[int],
-    max_seq: int,
+    flush_id: str,
+    fence: Fence,
     result: FlushResult,
     staging: Path,
 ) -> None:
     from pyspark.sql import functions as F
 
     step = _Steps(ds.name)
-    events_arrow = ds.journal.read_buckets(ds.name, buckets, max_seq)
+    events_arrow = ds.journal.read_claimed(ds.name, flush_id, buckets)
     step("read %d journal rows", events_arrow.num_rows)
     if events_arrow.num_rows == 0:
         return
-    meta = {"lakehouse.operation": "flush", "dataset": ds.name, "max_seq": str(max_seq)}
+    meta = {"lakehouse.operation": "flush", "dataset": ds.name, "flush_id": flush_id}
     span = (min(buckets), max(buckets))
     main = ds.statements_table
     options = main.storage_options
     events = arrow_frame(spark, events_arrow, staging)
     reduced = _reduce(events).cache()
-    main_files = Snapshot.load(main).select(span)
+    # under the lock the latest version holds everything committed, published or not
+    main_snapshot = Snapshot.load(main)
+    main_files = main_snapshot.select(span)
     in_main = (
         read_snapshot(
             spark,
@@ -257,18 +266,22 @@ def _flush_batch(
         new, main.uri, options, STATEMENTS_SCHEMA, partition=STATEMENTS_PARTITION
     )
     step("wrote %d new statement files", len(actions))
-    crash_point("after_parquet")
+    faults.point("flush.after_parquet")
+    published = main_snapshot.version
     if actions:
-        result.statements_version = commit(
+        published = commit(
             main,
             actions,
             schema=STATEMENTS_SCHEMA,
             partition_by=[STATEMENTS_PARTITION],
             metadata=meta,
+            fence=fence,
+            read_version=main_snapshot.version,
         )
+        result.statements_version = published
         result.new += sum(_num_records(a.stats) for a in actions)
     step("committed statements")
-    crash_point("after_statements_commit")
+    faults.point("flush.after_statements_commit")
     # Statements in the main table (now including the new ones) get a translog row;
     # a tombstone for a statement that never reached the table has nothing to mark.
     updates = keyed.where(F.col("in_main").isNotNull() | F.col("deleted_at").isNull()).select(
@@ -287,7 +300,9 @@ def _flush_batch(
         ),
     ).collect()[0]
     step("counted duplicates/tombstones")
-    version = rewrite_translog(spark, ds, updates, span, meta, events_arrow.num_rows)
+    version = rewrite_translog(
+        spark, ds, updates, span, meta, events_arrow.num_rows, fence=fence, publishes=published
+    )
     step("rewrote translog")
     if version is not None:
         result.translog_version = version
@@ -295,11 +310,12 @@ def _flush_batch(
     result.duplicates += int(counts["duplicates"])
     reduced.unpersist()
     keyed.unpersist()
-    crash_point("after_translog_commit")
+    faults.point("flush.after_translog_commit")
     result.journal_rows += events_arrow.num_rows
     result.batches += 1
-    crash_point("before_journal_clear")
-    ds.journal.clear(ds.name, buckets=buckets, max_seq=max_seq)
+    faults.point("flush.before_journal_clear")
+    fence.check()  # a flush that lost its lock leaves the rows to their new owner
+    ds.journal.release_claimed(ds.name, flush_id, buckets)
 
 
 def _num_records(stats: str | None) -> int:
@@ -308,21 +324,29 @@ def _num_records(stats: str | None) -> int:
     return int(json.loads(stats or "{}").get("numRecords", 0))
 
 
-def flush(ds: Dataset, *, batch_rows: int | None = None) -> FlushResult:
-    """Flush a dataset's journal into its Delta tables (see the module docstring)."""
-    started = cv.utcnow()
+def flush(ds: Dataset, *, batch_rows: int | None = None, wait: float | None = None) -> FlushResult:
+    """Flush a dataset's journal into its Delta tables (see the module docstring).
+
+    Waits up to ``wait`` seconds (default ``LAKEHOUSE_LOCK_WAIT_SECONDS``) for
+    another writer of the dataset's tables to finish.
+    """
     clock = time.monotonic()
     result = FlushResult()
-    with ds.operation_lock(TABLES_LOCK):
-        max_seq = ds.journal.max_seq(ds.name)
-        if max_seq is not None:
+    with ds.table_lock("flush", wait=wait) as lock:
+        # last_flushed is taken before the claim: a write that committed after
+        # it is newer, so the next ensure_flush still picks it up.
+        started = cv.utcnow()
+        flush_id = uuid.uuid4().hex
+        claimed = ds.journal.claim(ds.name, flush_id)
+        faults.point("flush.after_claim")
+        if claimed:
             spark = get_spark(ds.settings)
             rows = batch_rows or ds.settings.flush_batch_rows
+            buckets = ds.journal.claimed_buckets(ds.name, flush_id)
             with tempfile.TemporaryDirectory(prefix="lakehouse-flush-") as staging:
-                for buckets in plan_batches(ds.journal.buckets(ds.name, max_seq), rows):
-                    _flush_batch(spark, ds, buckets, max_seq, result, Path(staging))
-        # last_flushed is the moment max_seq was taken: a write that raced the
-        # flush is newer, so the next ensure_flush still picks it up.
+                for batch in plan_batches(buckets, rows):
+                    _flush_batch(spark, ds, batch, flush_id, lock.fence(), result, Path(staging))
+                    faults.point("flush.after_batch")
         ds.core_tags.set(cv.JOURNAL_LAST_FLUSHED, started)
         if result.changed:
             ds.core_tags.touch(cv.STATEMENTS_LAST_UPDATED)
@@ -332,7 +356,7 @@ def flush(ds: Dataset, *, batch_rows: int | None = None) -> FlushResult:
 
 def needs_flush(ds: Dataset) -> bool:
     """Unflushed rows in the journal, or a journal tag newer than the last flush."""
-    if ds.journal.max_seq(ds.name) is not None:
+    if ds.journal.has_pending(ds.name):
         return True
     return not ds.core_tags.is_latest(cv.JOURNAL_LAST_FLUSHED, [cv.JOURNAL_LAST_UPDATED]) and (
         ds.core_tags.get(cv.JOURNAL_LAST_UPDATED) is not None

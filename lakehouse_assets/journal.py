@@ -5,6 +5,15 @@ tables. The journal is append-only: a write is a row, a delete is a row with
 ``deleted_at`` set (a tombstone), and ``seq`` keeps insert order so that the
 last event for a statement wins when it is flushed.
 
+Hand-off to a flush is by *claim*: the flush stamps its ``flush_id`` on the
+rows committed at that moment, reads and commits exactly those, and deletes
+exactly those. ``seq`` is no bound for that: PostgreSQL hands out sequence
+numbers at insert time, not commit time (a bulk opened earlier commits rows
+with lower numbers later), and SQLite re-uses the row ids a clear freed.
+Rows committed after the claim keep ``flush_id`` NULL and wait for the next
+flush; rows of a flush that died keep its id and are claimed again by the
+next one (flushes of a dataset are serialised by the dataset lock).
+
 SQLite (a file, WAL mode, ``synchronous=FULL``) is the embedded default;
 PostgreSQL is used when the URL says so. One table serves all datasets of a
 lake (``dataset`` column), indexed by ``(dataset, bucket)`` so that flush can
@@ -37,7 +46,9 @@ from sqlalchemy import (
     delete,
     event,
     func,
+    inspect,
     select,
+    update,
 )
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
@@ -70,11 +81,15 @@ journal_table = Table(
     Column("first_seen", String(32)),
     Column("last_seen", String(32)),
     Column("deleted_at", String(32)),
+    # the flush that claimed the row (NULL: not claimed yet)
+    Column("flush_id", String(32)),
     Index("ix_lakehouse_journal_dataset_bucket", "dataset", "bucket"),
 )
 
+#: Columns the journal keeps for itself, not part of a written row.
+BOOKKEEPING = ("seq", "flush_id")
 #: Column order of the tuples written and read by the journal.
-COLUMNS: tuple[str, ...] = tuple(c.name for c in journal_table.columns if c.name != "seq")
+COLUMNS: tuple[str, ...] = tuple(c.name for c in journal_table.columns if c.name not in BOOKKEEPING)
 
 Row = tuple[Any, ...]
 
@@ -187,15 +202,27 @@ class Journal:
         for attempt in range(5):
             try:
                 metadata.create_all(self.engine, checkfirst=True)
+                self._migrate()
                 return
-            except OperationalError:
+            except OperationalError as exc:
                 if attempt == 4:
                     raise
+                if "duplicate column" in str(exc):
+                    continue  # another process added it
                 time.sleep(0.2 * (attempt + 1))
-            except Exception as exc:  # PostgreSQL: duplicate type/relation
+            except Exception as exc:  # PostgreSQL: duplicate type/relation/column
                 if "already exists" not in str(exc) or attempt == 4:
                     raise
                 time.sleep(0.1)
+
+    def _migrate(self) -> None:
+        """Bring a journal made by an earlier version up to this schema."""
+        present = {c["name"] for c in inspect(self.engine).get_columns(journal_table.name)}
+        if "flush_id" not in present:
+            with self.engine.begin() as conn:
+                conn.exec_driver_sql(
+                    f"ALTER TABLE {journal_table.name} ADD COLUMN flush_id VARCHAR(32)"
+                )
 
     # --- writing --------------------------------------------------------
 
@@ -294,26 +321,40 @@ class Journal:
         deleted = COLUMNS.index("deleted_at")
         return [row_statement(r) for r in latest.values() if r[deleted] is None]
 
-    def max_seq(self, dataset: str) -> int | None:
-        q = select(func.max(journal_table.c.seq)).where(journal_table.c.dataset == dataset)
+    def has_pending(self, dataset: str) -> bool:
+        """Whether any row of the dataset waits for a flush (claimed or not)."""
+        q = select(journal_table.c.seq).where(journal_table.c.dataset == dataset).limit(1)
         with self.engine.connect() as conn:
-            value = conn.execute(q).scalar()
-            return int(value) if value is not None else None
+            return conn.execute(q).first() is not None
 
-    def buckets(self, dataset: str, max_seq: int) -> list[tuple[int, int]]:
-        """(bucket, row count) of a dataset's rows up to ``max_seq``."""
+    # --- the hand-off to a flush ------------------------------------------
+
+    def claim(self, dataset: str, flush_id: str) -> int:
+        """Stamp ``flush_id`` on every row of the dataset committed by now.
+
+        The caller holds the dataset's lock, so any other flush id on a row is
+        that of a flush that died: its rows are claimed again. Returns how
+        many rows were claimed.
+        """
+        t = journal_table
+        q = update(t).where(t.c.dataset == dataset).values(flush_id=flush_id)
+        with self.engine.begin() as conn:
+            return int(conn.execute(q).rowcount or 0)
+
+    def claimed_buckets(self, dataset: str, flush_id: str) -> list[tuple[int, int]]:
+        """(bucket, row count) of the rows a flush claimed."""
         t = journal_table
         q = (
             select(t.c.bucket, func.count())
-            .where(t.c.dataset == dataset, t.c.seq <= max_seq)
+            .where(t.c.dataset == dataset, t.c.flush_id == flush_id)
             .group_by(t.c.bucket)
             .order_by(t.c.bucket)
         )
         with self.engine.connect() as conn:
             return [(int(b), int(n)) for b, n in conn.execute(q)]
 
-    def read_buckets(self, dataset: str, buckets: Sequence[int], max_seq: int) -> pa.Table:
-        """Rows ``(seq, *COLUMNS)`` of some buckets as Arrow (:data:`EVENTS_SCHEMA`),
+    def read_claimed(self, dataset: str, flush_id: str, buckets: Sequence[int]) -> pa.Table:
+        """Claimed rows ``(seq, *COLUMNS)`` of some buckets as Arrow (:data:`EVENTS_SCHEMA`),
         in (bucket, origin, canonical_id, seq) order.
 
         Flush reads millions of rows: they go into Arrow columns chunk by
@@ -325,7 +366,11 @@ class Journal:
         t = journal_table
         q = (
             select(t.c.seq, *[t.c[c] for c in COLUMNS])
-            .where(t.c.dataset == dataset, t.c.seq <= max_seq, t.c.bucket.in_(list(buckets)))
+            .where(
+                t.c.dataset == dataset,
+                t.c.flush_id == flush_id,
+                t.c.bucket.in_(list(buckets)),
+            )
             .order_by(t.c.bucket, t.c.origin, t.c.canonical_id, t.c.seq)
         )
         chunks = []
@@ -348,18 +393,18 @@ class Journal:
                 )
         return pa.Table.from_batches(chunks, schema=EVENTS_SCHEMA)
 
-    # --- clearing -------------------------------------------------------
-
-    def clear(
-        self, dataset: str, buckets: Sequence[int] | None = None, max_seq: int | None = None
-    ) -> int:
-        """Remove flushed rows (only after they are safely committed elsewhere)."""
+    def release_claimed(self, dataset: str, flush_id: str, buckets: Sequence[int]) -> int:
+        """Delete the claimed rows of some buckets: they are in the Delta tables now."""
         t = journal_table
-        q = delete(t).where(t.c.dataset == dataset)
-        if max_seq is not None:
-            q = q.where(t.c.seq <= max_seq)
-        if buckets is not None:
-            q = q.where(t.c.bucket.in_(list(buckets)))
+        q = delete(t).where(
+            t.c.dataset == dataset, t.c.flush_id == flush_id, t.c.bucket.in_(list(buckets))
+        )
+        with self.engine.begin() as conn:
+            return int(conn.execute(q).rowcount or 0)
+
+    def clear(self, dataset: str) -> int:
+        """Remove every row of a dataset (benchmarks and tests; loses unflushed writes)."""
+        q = delete(journal_table).where(journal_table.c.dataset == dataset)
         with self.engine.begin() as conn:
             return int(conn.execute(q).rowcount or 0)
 

@@ -14,8 +14,9 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from functools import cached_property
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
@@ -38,7 +39,10 @@ from lakehouse_assets.journal import Journal, Row, iso, statement_row
 from lakehouse_assets.locks import Lock, dataset_lock, operation_lock
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.storage import Store, open_store
+from lakehouse_assets.tables import DatasetSnapshot
 from lakehouse_assets.tags import Tags
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from followthemoney.statement.entity import StatementEntity
@@ -169,6 +173,10 @@ class Dataset:
             self.store.storage_options(),
         )
 
+    def snapshot(self, translog_version: int | None = None) -> DatasetSnapshot:
+        """The consistent pair of table versions readers see (the latest by default)."""
+        return DatasetSnapshot.load(self.statements_table, self.translog_table, translog_version)
+
     def tags(self, tenant: str | None = None) -> Tags:
         """Tags of a tenant (default: the lakehouse's own core tags)."""
         return Tags(self.store, self.name, tenant or cv.LAKEHOUSE_TENANT)
@@ -181,13 +189,53 @@ class Dataset:
         raw = yaml.safe_load(self.store.read_text(cv.dataset_path(self.name, cv.CONFIG))) or {}
         return DatasetModel.model_validate(raw)
 
-    def lock(self) -> Lock:
-        """The dataset-wide ``.LOCK``."""
-        return dataset_lock(self.store, self.name, self.lake.tenant, self.settings.lock_ttl_seconds)
+    def lock(self, operation: str = "tables") -> Lock:
+        """The dataset-wide ``.LOCK`` (not taken yet): one writer of the tables, any tenant."""
+        return dataset_lock(
+            self.store,
+            self.name,
+            self.lake.tenant,
+            self.settings.lock_ttl_seconds,
+            operation=operation,
+        )
 
-    def operation_lock(self, operation: str) -> Lock:
+    @contextmanager
+    def table_lock(self, operation: str, *, wait: float | None = None) -> Iterator[Lock]:
+        """Hold ``.LOCK`` for a write of the dataset's tables (flush, compact, optimize...).
+
+        Waits up to ``wait`` seconds (default ``LAKEHOUSE_LOCK_WAIT_SECONDS``)
+        for another writer, saying once on the log whom it waits for.
+        """
+        lock = self.lock(operation)
+        seconds = self.settings.lock_wait_seconds if wait is None else wait
+        lock.acquire(
+            wait=seconds,
+            on_wait=lambda holder: log.warning(
+                "%s of %s waits up to %ds for %s: %s",
+                operation,
+                self.name,
+                seconds,
+                lock.path,
+                holder.describe(),
+            ),
+        )
+        try:
+            yield lock
+        finally:
+            lock.release()
+
+    def operation_lock(self, operation: str, tenant: str | None = None) -> Lock:
+        """``locks/{tenant}/{operation}``: one run of a tenant's operation at a time.
+
+        The lakehouse's own operations (export, mapping...) use the tenant
+        ``lakehouse`` whoever runs them, so two tenants never run them at once.
+        """
         return operation_lock(
-            self.store, self.name, self.lake.tenant, operation, self.settings.lock_ttl_seconds
+            self.store,
+            self.name,
+            tenant or self.lake.tenant,
+            operation,
+            self.settings.lock_ttl_seconds,
         )
 
     def job(self, job_type: str) -> AbstractContextManager[JobRecorder]:

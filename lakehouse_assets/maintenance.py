@@ -1,9 +1,13 @@
 """Table maintenance: compact (apply the translog) and optimize (merge small files).
 
-Both rewrite tables, so they hold the dataset's ``tables`` lock, as flush
-does: one writer of a dataset's tables at a time. Readers are never blocked:
-every rewrite is one Delta commit, and the files it replaces stay on disk
-until ``vacuum`` (with a retention period) removes them.
+Both rewrite tables, so they hold the dataset's ``.LOCK``, as flush does: one
+writer of a dataset's tables at a time, whoever the tenant, and every commit
+fenced by the lock. Readers are never blocked: each table changes in one
+Delta commit, the translog commit last, publishing the statements version
+readers pair with it; the files a rewrite replaces stay on disk until
+``vacuum`` (with a retention period) removes them.
+
+Fault points for tests: :data:`faults.COMPACT_POINTS`, :data:`faults.OPTIMIZE_POINTS`.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from lakehouse_assets import conventions as cv
+from lakehouse_assets import faults
 from lakehouse_assets.delta import DeltaLocation, commit, remove_action
 from lakehouse_assets.exports import live_frame
-from lakehouse_assets.flush import TABLES_LOCK
+from lakehouse_assets.locks import Fence
 from lakehouse_assets.spark.delta_io import read_snapshot, write_parquet
 from lakehouse_assets.spark.session import get_spark
 from lakehouse_assets.tables import (
@@ -27,6 +32,7 @@ from lakehouse_assets.tables import (
     STATEMENTS_SCHEMA,
     TRANSLOG_SCHEMA,
     DataFile,
+    DatasetSnapshot,
     Snapshot,
 )
 
@@ -55,28 +61,32 @@ class CompactResult:
         }
 
 
-def compact(ds: Dataset) -> CompactResult:
+def compact(ds: Dataset, *, wait: float | None = None) -> CompactResult:
     """Rewrite the main table with live rows only, seen range from the translog.
 
     The spec's order matters for crash safety: the main table is rewritten
     first (one overwrite commit); deleted rows are removed from the translog
-    only afterwards, so a crash in between leaves deleted rows deleted.
+    only afterwards, in the commit that publishes the new main table, so a
+    crash in between leaves readers on the old pair and deleted rows deleted.
     """
     clock = time.monotonic()
     main = ds.statements_table
-    with ds.operation_lock(TABLES_LOCK):
-        if main.table() is None:
+    with ds.table_lock("compact", wait=wait) as lock:
+        # under the lock the latest versions hold everything committed
+        current = DatasetSnapshot(Snapshot.load(main), Snapshot.load(ds.translog_table))
+        if current.statements.version is None:
             return CompactResult(0, 0, None, time.monotonic() - clock)
         spark = get_spark(ds.settings)
         partitions = max(1, ds.settings.spark_shuffle_partitions)
         live = (
-            live_frame(spark, ds)
+            live_frame(spark, ds, current)
             .repartitionByRange(partitions, "bucket", "canonical_id")
             .sortWithinPartitions(*STATEMENTS_ORDER)
         )
         actions = write_parquet(
             live, main.uri, main.storage_options, STATEMENTS_SCHEMA, partition=STATEMENTS_PARTITION
         )
+        faults.point("compact.after_parquet")
         version = commit(
             main,
             actions,
@@ -84,23 +94,31 @@ def compact(ds: Dataset) -> CompactResult:
             partition_by=[STATEMENTS_PARTITION],
             mode="overwrite",
             metadata={"lakehouse.operation": "compact", "dataset": ds.name},
+            fence=lock.fence(),
+            read_version=current.statements.version,
         )
-        removed = _drop_deleted_translog(spark, ds)
+        faults.point("compact.after_statements_commit")
+        removed = _drop_deleted_translog(spark, ds, current.translog, lock.fence(), version)
+        faults.point("compact.after_translog_commit")
         live_rows = sum(_records(a.stats) for a in actions)
     return CompactResult(live_rows, removed, version, time.monotonic() - clock)
 
 
-def _drop_deleted_translog(spark: SparkSession, ds: Dataset) -> int:
-    """Rewrite the translog without deleted rows (one overwrite commit)."""
+def _drop_deleted_translog(
+    spark: SparkSession, ds: Dataset, snapshot: Snapshot, fence: Fence, publishes: int
+) -> int:
+    """Rewrite the translog without deleted rows, publishing the compacted main table."""
     from pyspark.sql import functions as F
 
     location = ds.translog_table
-    snapshot = Snapshot.load(location)
+    meta = {"lakehouse.operation": "compact", "dataset": ds.name}
     if not snapshot.files:
+        publish(ds, snapshot, fence, publishes, meta)
         return 0
     rows = read_snapshot(spark, snapshot.files, TRANSLOG_SCHEMA, location.storage_options)
     deleted = rows.where(F.col("deleted_at").isNotNull()).count()
     if deleted == 0:
+        publish(ds, snapshot, fence, publishes, meta)
         return 0
     live = (
         rows.where(F.col("deleted_at").isNull())
@@ -113,9 +131,29 @@ def _drop_deleted_translog(spark: SparkSession, ds: Dataset) -> int:
         adds,
         schema=TRANSLOG_SCHEMA,
         mode="overwrite",
-        metadata={"lakehouse.operation": "compact", "dataset": ds.name},
+        metadata=meta,
+        fence=fence,
+        read_version=snapshot.version,
+        publishes=publishes,
     )
     return int(deleted)
+
+
+def publish(
+    ds: Dataset, translog: Snapshot, fence: Fence, statements_version: int, meta: dict[str, str]
+) -> None:
+    """A translog commit without data: readers move to ``statements_version``."""
+    if translog.version is None:
+        return  # no translog yet: the first flush that makes one publishes
+    commit(
+        ds.translog_table,
+        [],
+        schema=TRANSLOG_SCHEMA,
+        metadata=meta,
+        fence=fence,
+        read_version=translog.version,
+        publishes=statements_version,
+    )
 
 
 def _records(stats: str | None) -> int:
@@ -152,11 +190,14 @@ def _optimize_table(
     partition: str | None,
     order: Sequence[str],
     target_size: int,
-) -> tuple[int, int]:
+    fence: Fence,
+    publishes: int | None = None,
+) -> tuple[int, int, int | None]:
     """Rewrite a table's small files as few large ones, sorted for point reads.
 
     Row content never changes (the commit says ``dataChange: false``), so
     readers and exports see exactly the same statements before and after.
+    Returns (files removed, files added, the new version or None).
     """
     snapshot = Snapshot.load(location)
     groups: dict[str | None, list[DataFile]] = {}
@@ -166,7 +207,7 @@ def _optimize_table(
             groups.setdefault(key, []).append(file)
     small = [f for files in groups.values() if len(files) > 1 for f in files]
     if not small:
-        return 0, 0
+        return 0, 0, None
     total = sum(f.size for f in small)
     rows = read_snapshot(spark, small, schema, location.storage_options, partition=partition)
     ordered = rows.repartitionByRange(
@@ -181,15 +222,19 @@ def _optimize_table(
         prefix="optimized",
         data_change=False,
     )
+    faults.point("optimize.after_parquet")
     removes = [remove_action(f.path, f.size, f.partition_values, data_change=False) for f in small]
-    commit(
+    version = commit(
         location,
         [*removes, *adds],
         schema=schema,
         partition_by=[partition] if partition else None,
         metadata={"lakehouse.operation": "optimize", "dataset": ds.name},
+        fence=fence,
+        read_version=snapshot.version,
+        publishes=publishes,
     )
-    return len(removes), len(adds)
+    return len(removes), len(adds), version
 
 
 def _vacuum_table(location: DeltaLocation, retention: timedelta) -> int:
@@ -207,31 +252,67 @@ def optimize(
     vacuum: bool = False,
     retention_hours: int | None = None,
     target_size: int | None = None,
+    wait: float | None = None,
 ) -> OptimizeResult:
     """Merge small Parquet files of both tables into large, sorted ones (Spark).
 
-    With ``vacuum``, files no longer referenced by any version younger than
-    the retention period (default: ``LAKEHOUSE_VACUUM_RETENTION_HOURS``) are
-    deleted, including files of runs that crashed before their commit.
-    Sets ``statements/store_optimized``. Row content never changes.
+    The statements table first, then the translog, whose commit publishes the
+    new statements version. With ``vacuum``, files no longer referenced by any
+    version younger than the retention period (default:
+    ``LAKEHOUSE_VACUUM_RETENTION_HOURS``) are deleted, including files of runs
+    that crashed before their commit: a reader that started within the
+    retention period keeps its files. Sets ``statements/store_optimized``.
+    Row content never changes.
     """
     clock = time.monotonic()
     removed = added = vacuumed = 0
     target = target_size or SMALL_FILE_BYTES
-    with ds.operation_lock(TABLES_LOCK):
-        tables = (
-            (ds.statements_table, STATEMENTS_SCHEMA, STATEMENTS_PARTITION, STATEMENTS_ORDER),
-            (ds.translog_table, TRANSLOG_SCHEMA, None, ("bucket", "origin", "id")),
-        )
+    with ds.table_lock("optimize", wait=wait) as lock:
         spark = None
-        for location, schema, partition, order in tables:
-            if location.table() is None:
-                continue
-            spark = spark or get_spark(ds.settings)
-            r, a = _optimize_table(spark, ds, location, schema, partition, order, target)
+        published: int | None = None
+        main = ds.statements_table
+        if main.table() is not None:
+            spark = get_spark(ds.settings)
+            r, a, published = _optimize_table(
+                spark,
+                ds,
+                main,
+                STATEMENTS_SCHEMA,
+                STATEMENTS_PARTITION,
+                STATEMENTS_ORDER,
+                target,
+                lock.fence(),
+            )
             removed += r
             added += a
+            faults.point("optimize.after_statements_commit")
+        log_snapshot = Snapshot.load(ds.translog_table)
+        if log_snapshot.version is not None:
+            spark = spark or get_spark(ds.settings)
+            r, a, version = _optimize_table(
+                spark,
+                ds,
+                ds.translog_table,
+                TRANSLOG_SCHEMA,
+                None,
+                ("bucket", "origin", "id"),
+                target,
+                lock.fence(),
+                publishes=published,
+            )
+            removed += r
+            added += a
+            if version is None and published is not None:
+                publish(
+                    ds,
+                    log_snapshot,
+                    lock.fence(),
+                    published,
+                    {"lakehouse.operation": "optimize", "dataset": ds.name},
+                )
+            faults.point("optimize.after_translog_commit")
         if vacuum:
+            faults.point("optimize.before_vacuum")
             hours = (
                 ds.settings.vacuum_retention_hours if retention_hours is None else retention_hours
             )

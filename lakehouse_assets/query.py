@@ -31,7 +31,7 @@ from lakehouse_assets.tables import (
     STATEMENTS_PARTITION,
     STATEMENTS_SCHEMA,
     TRANSLOG_SCHEMA,
-    Snapshot,
+    DatasetSnapshot,
     arrow_dataset,
 )
 
@@ -57,12 +57,17 @@ def live_statements(
     *,
     entity_ids: Sequence[str] | None = None,
     origin: str | None = None,
+    snapshot: DatasetSnapshot | None = None,
 ) -> pa.Table:
-    """Live statements (optionally of some entities / one origin), sorted, as Arrow."""
+    """Live statements (optionally of some entities / one origin), sorted, as Arrow.
+
+    Reads one :class:`DatasetSnapshot` (the latest unless given) from start to end.
+    """
     buckets = sorted({bucket_of(e) for e in entity_ids}) if entity_ids else None
     span = (buckets[0], buckets[-1]) if buckets else None
     options = ds.statements_table.storage_options
-    main_files = Snapshot.load(ds.statements_table).select(span)
+    snapshot = snapshot or ds.snapshot()
+    main_files = snapshot.statements.select(span)
     if not main_files:
         return pa.Table.from_batches([], schema=LIVE_SCHEMA)
     # pyarrow filters the scans (pruning row groups by their statistics); the
@@ -78,7 +83,7 @@ def live_statements(
     rows = main.to_table(filter=where)
     if rows.num_rows == 0:
         return pa.Table.from_batches([], schema=LIVE_SCHEMA)
-    log_files = Snapshot.load(ds.translog_table).select(span)
+    log_files = snapshot.translog.select(span)
     log_filter = pc.field("id").isin(rows.column("id").combine_chunks())
     if buckets:
         log_filter = pc.field("bucket").isin(buckets) & log_filter

@@ -51,6 +51,10 @@ class Settings(BaseSettings):
         default=6 * 3600,
         description="A lock older than this is stale even if its owner can't be checked.",
     )
+    lock_wait_seconds: float = Field(
+        default=900.0,
+        description="How long a writer of a dataset's tables waits for another one to finish.",
+    )
     # --- http sources ---
     http_timeout_seconds: float = Field(
         default=30.0, description="Connect/read timeout for http(s) sources."

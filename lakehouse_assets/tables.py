@@ -10,6 +10,13 @@ is live.
 Readers never guess from directory names: files and partition values come
 from the Delta log (delta-rs), so local and S3 lakes read the same way for
 Spark (through :mod:`lakehouse_assets.spark.delta_io`), DuckDB and pyarrow.
+
+Readers see a :class:`DatasetSnapshot`: the translog's latest version and the
+statements version that translog commit *published*. Writers commit the
+statements table first and the translog last, naming the statements version
+the translog goes with, so a reader running during a flush, compact or
+optimize sees the state before it or after it, never a half of it (a flush's
+new statements without its tombstones, say).
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+from deltalake import DeltaTable
 from pyarrow import fs as pafs
 
-from lakehouse_assets.delta import DeltaLocation
+from lakehouse_assets.delta import PUBLISHED_APP_ID, DeltaLocation
 
 #: followthemoney's statement fields (its ``Statement`` model).
 STATEMENT_FIELDS: tuple[str, ...] = (
@@ -114,6 +122,11 @@ class Snapshot:
         table = location.table(version)
         if table is None:
             return cls(location, None, ())
+        return cls.of(location, table)
+
+    @classmethod
+    def of(cls, location: DeltaLocation, table: DeltaTable) -> Snapshot:
+        """The snapshot of an already loaded table."""
         actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
         root = location.uri.rstrip("/")
         files = []
@@ -137,6 +150,35 @@ class Snapshot:
 
     def select(self, buckets: tuple[int, int] | None = None) -> list[DataFile]:
         return [f for f in self.files if f.overlaps(buckets)]
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetSnapshot:
+    """What a reader of a dataset sees: a translog version and the statements version
+    it published (see the module docstring)."""
+
+    statements: Snapshot
+    translog: Snapshot
+
+    @classmethod
+    def load(
+        cls,
+        statements: DeltaLocation,
+        translog: DeltaLocation,
+        translog_version: int | None = None,
+    ) -> DatasetSnapshot:
+        log = translog.table(translog_version)
+        if log is None:  # nothing published yet (or a first flush died before it)
+            return cls(Snapshot(statements, None, ()), Snapshot(translog, None, ()))
+        published = log.transaction_version(PUBLISHED_APP_ID)
+        # tables written before versions were published: the latest statements
+        main = Snapshot.load(statements, published)
+        return cls(main, Snapshot.of(translog, log))
+
+    @property
+    def versions(self) -> tuple[int | None, int | None]:
+        """(statements version, translog version)."""
+        return self.statements.version, self.translog.version
 
 
 def arrow_filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pafs.FileSystem, str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.flush import CRASH_POINTS
+from lakehouse_assets.faults import FLUSH_POINTS
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets_tests.conftest import sample_entities
 from lakehouse_assets_tests.test_flush import table_rows
@@ -69,7 +69,7 @@ def state(ds: Dataset) -> tuple[list[tuple[object, ...]], list[tuple[object, ...
     return main, log
 
 
-@pytest.mark.parametrize("point", CRASH_POINTS)
+@pytest.mark.parametrize("point", FLUSH_POINTS)
 def test_flush_killed_at_each_point_then_rerun(spark, tmp_path: Path, point: str) -> None:  # type: ignore[no-untyped-def]
     control = prepare(Lakehouse(tmp_path / "control"))
     control.flush(batch_rows=25)
@@ -103,7 +103,7 @@ def test_export_killed_before_replace_keeps_previous_file(spark, tmp_path: Path)
     for e in sample_entities()[5:]:
         ds.add_entity(e)
     ds.flush()
-    run_killed(lake, ds.name, "export_before_replace", "export")
+    run_killed(lake, ds.name, "export.before_replace", "export")
     assert (lake.store.read_bytes(csv_path), lake.store.read_bytes(json_path)) == before
     assert list(lake.store.list(cv.dataset_path(ds.name, ".staging")))  # the dead run's parts
     ds.export(["statements", "entities"], force=True)

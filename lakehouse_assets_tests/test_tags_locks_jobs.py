@@ -61,16 +61,22 @@ def test_lock_is_exclusive_and_names_holder(lake: Lakehouse) -> None:
     ds = lake.create_dataset("locks")
     with ds.operation_lock("flush"):
         with pytest.raises(
-            LockedError, match=rf"locks/lakehouse/flush is held by pid {os.getpid()}"
+            LockedError,
+            match=rf"locks/lakehouse/flush is locked: flush by tenant lakehouse, pid {os.getpid()}",
         ):
             ds.operation_lock("flush").acquire()
         with ds.operation_lock("export"):  # other operations are independent
             pass
     with ds.operation_lock("flush"):  # released: can be taken again
         pass
-    with ds.lock():
-        assert lake.store.exists(cv.dataset_path("locks", cv.LOCK))
-    assert not lake.store.exists(cv.dataset_path("locks", cv.LOCK))
+    with ds.lock() as lock:
+        assert lock.state().held
+        first = lock.generation
+    # a released lock stays as a free document that keeps its generation
+    state = ds.lock().state()
+    assert not state.held and state.generation == first
+    with ds.lock() as lock:
+        assert lock.generation > first
 
 
 def test_stale_lock_of_a_dead_process_is_recovered(local_lake: Lakehouse) -> None:
