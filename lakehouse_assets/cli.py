@@ -1,12 +1,15 @@
 """``lakehouse``: the command line over the tenant API (:mod:`lake`).
 
-Errors the lakehouse raises on purpose are printed as one line naming the
-dataset, file and line, with exit code 1; nothing half-written stays behind.
+Every error is one line on stderr: errors the lakehouse raises on purpose
+name the dataset, file and line, with exit code 1; a wrong command line
+(unknown option, missing argument, bad value) says what and where to look,
+with exit code 2. Nothing half-written stays behind.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -40,14 +43,36 @@ class Context:
 pass_ctx = click.make_pass_decorator(Context)
 
 
+def one_line(message: str) -> str:
+    """Messages of other libraries may span lines (YAML, SQL): fold them into one."""
+    return re.sub(r"\s*\n\s*", " ", message.strip())
+
+
 class LakehouseGroup(click.Group):
-    """Turns LakehouseError into a one-line message and exit code 1."""
+    """Every error as one line on stderr: exit 1 for bad input, 2 for a bad command line."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as exc:
+            where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            click.echo(f"Error: {one_line(exc.format_message())}{where}", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"Error: {one_line(exc.format_message())}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Aborted.", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except LakehouseError as exc:
-            click.echo(f"Error: {exc}", err=True)
+            click.echo(f"Error: {one_line(str(exc))}", err=True)
             sys.exit(1)
 
 

@@ -228,6 +228,12 @@ def commit(
                 commit_properties=props,
             )
     except CommitFailedError as exc:
+        if app_id is not None and app_version is not None:
+            # the same commit, retried concurrently, may have won meanwhile
+            latest = location.table()
+            done = None if latest is None else latest.transaction_version(app_id)
+            if latest is not None and done is not None and done >= app_version:
+                return latest.version()
         raise ConcurrentWriteError(
             f"{location.uri}: another writer committed meanwhile ({exc}); "
             "nothing of this run was committed, run it again"

@@ -75,7 +75,10 @@ def parse_queries(config: str | Mapping[str, Any], *, where: str) -> list[dict[s
         try:
             data = yaml.safe_load(config)
         except yaml.YAMLError as exc:
-            raise InvalidInputError(f"{where}: not valid YAML: {exc}") from exc
+            mark = getattr(exc, "problem_mark", None)
+            at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or type(exc).__name__
+            raise InvalidInputError(f"{where}: not valid YAML: {problem}{at}") from exc
     if not isinstance(data, Mapping):
         raise InvalidInputError(f"{where}: a mapping config must be a YAML object")
     if "queries" not in data and "query" not in data:

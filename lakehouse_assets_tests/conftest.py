@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from lakehouse_assets import Lakehouse, Settings
 
@@ -29,6 +30,26 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 POSTGRES_URL = os.environ.get(
     "LAKEHOUSE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
+
+
+# --- property tests ------------------------------------------------------------
+#: ``ci`` (the default, what ``make test`` runs) keeps the property suite within
+#: a few minutes; ``thorough`` (``make test-thorough``) runs every property with
+#: at least 100 examples on a local lake and 20 on the S3 server.
+PROFILE = os.environ.get("LAKEHOUSE_TEST_PROFILE", "ci")
+settings.register_profile(
+    "ci",
+    deadline=None,
+    derandomize=False,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+settings.register_profile("thorough", settings.get_profile("ci"))
+settings.load_profile(PROFILE if PROFILE in ("ci", "thorough") else "ci")
+
+
+def examples(ci: int, thorough: int) -> int:
+    """How many examples a property runs under the active profile."""
+    return thorough if PROFILE == "thorough" else ci
 
 
 def free_port() -> int:
