@@ -51,7 +51,7 @@ def one_line(message: str) -> str:
 class LakehouseGroup(click.Group):
     """Every error as one line on stderr: exit 1 for bad input, 2 for a bad command line."""
 
-    def main(  # type: ignore[override]
+    def main(
         self,
         args: Sequence[str] | None = None,
         prog_name: str | None = None,
