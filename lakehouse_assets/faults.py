@@ -8,6 +8,8 @@ of tests use them:
 * ``LAKEHOUSE_CRASH_AT=<name>`` (optionally ``<name>:<n>`` for the n-th time
   the point is reached) makes the process SIGKILL itself there, like a power
   cut, so a test can check that a rerun loses and doubles nothing;
+* ``LAKEHOUSE_SLOW_AT=<name>:<seconds>`` makes the process pause there, so a
+  test with several processes can be sure they overlap;
 * :func:`on` registers a callback for a point in this process, so a test can
   interleave a concurrent write at exactly that moment (deterministically,
   without sleeps).
@@ -21,6 +23,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -64,6 +67,11 @@ def point(name: str) -> None:
     if callbacks:
         for callback in list(callbacks):
             callback()
+    slow = os.environ.get("LAKEHOUSE_SLOW_AT")
+    if slow:
+        wanted, _, seconds = slow.partition(":")
+        if wanted == name:
+            time.sleep(float(seconds or 1))
     target = os.environ.get("LAKEHOUSE_CRASH_AT")
     if not target:
         return
