@@ -10,7 +10,7 @@ UI_PORT ?= 3000
 # the persistent Dagster instance (runs, sensors' cursors, partitions)
 export DAGSTER_HOME := $(CURDIR)/dagster_home
 
-.PHONY: install demo ui test lint typecheck bench clean java
+.PHONY: install demo ui test test-thorough lint typecheck bench clean java
 
 $(STAMP): pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11+"; exit 1; }
@@ -33,6 +33,11 @@ ui: install java
 
 test: install java
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+
+# the property suite with every property at >= 100 examples locally, 20 on S3 (long)
+test-thorough: install java
+	LAKEHOUSE_TEST_PROFILE=thorough $(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS) \
+		lakehouse_assets_tests/test_properties_commits.py lakehouse_assets_tests/test_properties_dataset.py
 
 lint: install
 	$(VENV)/bin/ruff check lakehouse_assets lakehouse_assets_tests benchmarks
