@@ -451,14 +451,7 @@ EXPORT_KINDS = ("statements", "entities", "statistics", "index")
 
 
 def _report(result: Any) -> None:
-    _echo_json(
-        {
-            "written": result.written,
-            "skipped": result.skipped,
-            "flushed": result.flushed,
-            "seconds": round(result.seconds, 3),
-        }
-    )
+    _echo_json(result.as_dict())
 
 
 @cli.command("export")

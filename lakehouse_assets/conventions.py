@@ -27,7 +27,8 @@ validated here *before* a path is built, so nothing can escape the lake
         ├── locks/{tenant}/{operation}
         ├── tags/{tenant}/{key}
         ├── queue/{tenant}/{uuid7}.json
-        └── jobs/runs/{job_type}/{timestamp}.json
+        ├── jobs/runs/{job_type}/{timestamp}.json
+        └── _staging/{operation}-{run id}/  intermediate files of a running operation
 """
 
 from __future__ import annotations
@@ -167,6 +168,8 @@ LOCKS: Final = "locks"
 TAGS: Final = "tags"
 QUEUE: Final = "queue"
 JOB_RUNS: Final = "jobs/runs"
+#: Intermediate files of running operations (see :mod:`lakehouse_assets.staging`).
+STAGING: Final = "_staging"
 
 
 def dataset_path(dataset: str, *parts: str) -> str:

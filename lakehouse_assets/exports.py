@@ -17,6 +17,15 @@ the parts in partition order (range partitioning makes that the global
 order), hashes them on the way, and replaces the target in one atomic step,
 so a crash mid-export leaves the previous file as it was.
 
+**Freshness** comes from what an export read, never from the clock at its
+end. An export pins one :class:`DatasetSnapshot` after its flush-first and
+stamps its tag with the dependency tags it read *before* pinning (plus one
+microsecond): a write or flush that lands during the pass moves a dependency
+past the stamp, so the export is stale and the next ``make`` redoes it. An
+export is also never fresh while the journal holds rows (a write that
+committed after the flush's claim). Dagster's data versions are the same
+stamps.
+
 Statements are identified by their id: a statement written by two origins
 is exported once (the first origin in sort order), as followthemoney's
 aggregation does.
@@ -29,13 +38,12 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import tempfile
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,8 +53,8 @@ from followthemoney.statement.serialize import CSV_COLUMNS
 from ftmq.model.stats import Collector, DatasetStats
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets import faults
-from lakehouse_assets.flush import ensure_flush
+from lakehouse_assets import faults, staging
+from lakehouse_assets.flush import flush_for_reading
 from lakehouse_assets.query import SORT
 from lakehouse_assets.spark.delta_io import read_snapshot
 from lakehouse_assets.spark.session import get_spark
@@ -81,26 +89,63 @@ EXPORTS: dict[str, tuple[str, str, str]] = {
 #: What every export depends on (the spec's freshness rule).
 FRESHNESS_DEPENDENCIES = (cv.STATEMENTS_LAST_UPDATED, cv.JOURNAL_LAST_UPDATED)
 
-STAGING = ".staging"
-
 
 @dataclass
 class ExportResult:
-    """What an export run did, per kind: skipped (fresh) or written."""
+    """What an export run did, per kind: skipped (fresh) or written.
+
+    ``snapshot`` is the (statements, translog) version pair the written
+    exports were built from; ``pending`` the journal rows that were not
+    flushed because another writer held the dataset's lock.
+    """
 
     written: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     flushed: dict[str, Any] | None = None
+    pending: int = 0
+    snapshot: tuple[int | None, int | None] = (None, None)
     seconds: float = 0.0
+    #: leftovers of killed exports removed by this one
+    cleaned: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "written": self.written,
+            "skipped": self.skipped,
+            "flushed": self.flushed,
+            "pending": self.pending,
+            "snapshot": list(self.snapshot),
+            "seconds": round(self.seconds, 3),
+            "cleaned": self.cleaned,
+        }
+
+
+def dependencies(kind: str) -> tuple[str, ...]:
+    """The tags an export depends on (the spec's freshness rule; index also on statistics)."""
+    if kind == INDEX:
+        return (*FRESHNESS_DEPENDENCIES, cv.EXPORTS_STATISTICS)
+    return FRESHNESS_DEPENDENCIES
 
 
 def is_fresh(ds: Dataset, kind: str) -> bool:
-    """True if the export exists and its tag is newer than the data it comes from."""
+    """True if the export exists, its tag is newer than every dependency, and the
+    journal holds nothing that the export could be missing."""
     path, tag, _ = EXPORTS[kind]
-    deps: Sequence[str] = FRESHNESS_DEPENDENCIES
-    if kind == INDEX:
-        deps = (*FRESHNESS_DEPENDENCIES, cv.EXPORTS_STATISTICS)
-    return ds.store.exists(cv.dataset_path(ds.name, path)) and ds.core_tags.is_latest(tag, deps)
+    return (
+        ds.store.exists(cv.dataset_path(ds.name, path))
+        and ds.core_tags.is_latest(tag, dependencies(kind))
+        and not ds.journal.has_pending(ds.name)
+    )
+
+
+def stamp(read: dict[str, datetime | None]) -> datetime:
+    """An export's tag: just after the newest dependency value it read before pinning.
+
+    A dependency that moves after that read (a flush, a write during the pass)
+    is newer than the stamp, so the export is stale, as it should be.
+    """
+    values = [v for v in read.values() if v is not None]
+    return (max(values) if values else datetime(1970, 1, 1, tzinfo=UTC)) + timedelta(microseconds=1)
 
 
 # --- reading live statements in Spark ---------------------------------------
@@ -295,18 +340,23 @@ class _Written:
     sha256: str
 
 
-def _assemble(ds: Dataset, parts: Sequence[str], target: str, header: bytes = b"") -> _Written:
-    """Join part files (in order) into ``target``, atomically; hash on the way."""
+def _assemble(
+    ds: Dataset, parts: Sequence[str], target: str, area: str, header: bytes = b""
+) -> _Written:
+    """Join part files (in order) into ``target``, atomically; hash on the way.
+
+    The joined file is built in the run's staging area of a local lake (the
+    same disk: moved into place by a rename) or in this process's scratch
+    folder before its upload to S3.
+    """
     store = ds.store
     options = ds.statements_table.storage_options
     digest = hashlib.sha256()
-    tmp_dir = (
-        store.local_path(cv.dataset_path(ds.name, STAGING))
-        if isinstance(store, LocalStore)
-        else None
-    )
-    if tmp_dir is not None:
-        tmp_dir.mkdir(parents=True, exist_ok=True)
+    if isinstance(store, LocalStore):
+        tmp_dir = store.local_path(area)
+    else:
+        tmp_dir = staging.scratch_dir(ds.settings)
+    tmp_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix="assemble-", dir=tmp_dir)
     size = 0
     with open(fd, "wb") as out:
@@ -334,14 +384,14 @@ def _csv_header() -> bytes:
     return buf.getvalue().encode("utf-8")
 
 
-def _run_pass(ds: Dataset, kinds: frozenset[str]) -> dict[str, dict[str, Any]]:
-    """One Spark pass writing the requested kinds (statements/entities/statistics)."""
+def _run_pass(
+    ds: Dataset, kinds: frozenset[str], snapshot: DatasetSnapshot
+) -> dict[str, dict[str, Any]]:
+    """One Spark pass over one snapshot writing the requested kinds."""
     from pyspark.sql import functions as F
 
     spark = get_spark(ds.settings)
-    # We hold the export lock: anything left in staging is from a run that died.
-    _remove_tree(ds, cv.dataset_path(ds.name, STAGING))
-    staging_rel = cv.dataset_path(ds.name, STAGING, f"export-{uuid.uuid4().hex}")
+    staging_rel = staging.new_area(ds, "export")
     staging_uri = ds.store.full_uri(staging_rel)
     options = dict(ds.statements_table.storage_options)
     fs, root = arrow_filesystem(staging_uri, options)
@@ -349,7 +399,7 @@ def _run_pass(ds: Dataset, kinds: frozenset[str]) -> dict[str, dict[str, Any]]:
     try:
         # cached: range partitioning samples its input first, and the live
         # view (scan + translog join) should be computed once, not twice
-        live = live_frame(spark, ds).persist()
+        live = live_frame(spark, ds, snapshot).persist()
         partitions = max(1, ds.settings.spark_shuffle_partitions)
         ordered = live.repartitionByRange(partitions, "canonical_id").sortWithinPartitions(
             *[F.col(c) for c in SORT]
@@ -364,11 +414,11 @@ def _run_pass(ds: Dataset, kinds: frozenset[str]) -> dict[str, dict[str, Any]]:
         now = cv.utcnow()
         if STATEMENTS in kinds:
             parts = [_uri(staging_uri, r["csv"], root) for r in results if r["csv"]]
-            w = _assemble(ds, parts, cv.STATEMENTS_CSV, header=_csv_header())
+            w = _assemble(ds, parts, cv.STATEMENTS_CSV, staging_rel, header=_csv_header())
             out[STATEMENTS] = {"rows": rows, **_describe(w)}
         if ENTITIES in kinds:
             parts = [_uri(staging_uri, r["json"], root) for r in results if r["json"]]
-            w = _assemble(ds, parts, cv.ENTITIES_JSON)
+            w = _assemble(ds, parts, cv.ENTITIES_JSON, staging_rel)
             out[ENTITIES] = {"rows": entity_count, **_describe(w)}
         if STATISTICS in kinds:
             stats = merge_stats([r["stats"] for r in results if r["stats"]])
@@ -386,7 +436,7 @@ def _run_pass(ds: Dataset, kinds: frozenset[str]) -> dict[str, dict[str, Any]]:
             }
         return out
     finally:
-        _remove_tree(ds, staging_rel)
+        staging.remove(ds, staging_rel)
 
 
 def _uri(staging_uri: str, task_path: str, root: str) -> str:
@@ -398,14 +448,6 @@ def _describe(w: _Written) -> dict[str, Any]:
     return {"path": w.path, "size": w.size, "sha256": w.sha256}
 
 
-def _remove_tree(ds: Dataset, rel: str) -> None:
-    if isinstance(ds.store, LocalStore):
-        shutil.rmtree(ds.store.local_path(rel), ignore_errors=True)
-    else:
-        for path in list(ds.store.list(rel)):
-            ds.store.delete(path)
-
-
 # --- operations ---------------------------------------------------------------
 
 
@@ -414,30 +456,58 @@ def export(
 ) -> ExportResult:
     """Run the given exports that are not fresh (all of them with ``force``).
 
-    Flushes first when the journal holds anything newer than the last flush;
-    the exports that need Spark share one pass.
+    Flushes first when the journal holds anything newer than the last flush
+    (waiting up to ``LAKEHOUSE_LOCK_WAIT_SECONDS`` for another writer, then
+    exporting the current snapshot and reporting the pending rows); the
+    exports that need Spark share one pass over one pinned snapshot.
     """
     clock = time.monotonic()
     result = ExportResult()
     unknown = set(kinds) - set(EXPORTS)
     if unknown:
         raise ValueError(f"Unknown export(s) {sorted(unknown)}; choose from {sorted(EXPORTS)}")
-    flushed = ensure_flush(ds)
-    result.flushed = flushed.as_dict() if flushed is not None else None
-    with ds.operation_lock("export", tenant=cv.LAKEHOUSE_TENANT):
+    tags = ds.core_tags
+    journal_read = tags.get(cv.JOURNAL_LAST_UPDATED)  # before the flush claims the journal
+    flushed = flush_for_reading(ds, wait=ds.settings.lock_wait_seconds)
+    result.flushed = flushed.result.as_dict() if flushed.result is not None else None
+    result.pending = flushed.pending
+    with ds.operation_lock("export", tenant=cv.LAKEHOUSE_TENANT), ds.job("export") as job:
+        # no other export runs: staging areas left are those of killed exports
+        result.cleaned = staging.clean_stale(ds, "export").as_dict()
+        # what every export of this run is stamped with: the dependencies as
+        # they are before the snapshot is pinned (and before freshness is judged)
+        read = {
+            cv.JOURNAL_LAST_UPDATED: journal_read,
+            cv.STATEMENTS_LAST_UPDATED: tags.get(cv.STATEMENTS_LAST_UPDATED),
+        }
         spark_kinds = frozenset(k for k in kinds if k != INDEX and (force or not is_fresh(ds, k)))
         result.skipped = [k for k in kinds if k != INDEX and k not in spark_kinds]
         if spark_kinds:
-            result.written.update(_run_pass(ds, spark_kinds))
+            snapshot = ds.snapshot()  # pinned after the dependencies were read
+            result.snapshot = snapshot.versions
+            result.written.update(_run_pass(ds, spark_kinds, snapshot))
+            built = stamp(read)
             for kind in spark_kinds:
-                ds.core_tags.touch(EXPORTS[kind][1])
+                tags.set(EXPORTS[kind][1], built)
+                result.written[kind]["stamp"] = built.isoformat()
+                result.written[kind]["snapshot"] = list(snapshot.versions)
         if INDEX in kinds:
             if force or not is_fresh(ds, INDEX) or spark_kinds:
-                result.written[INDEX] = export_index(ds)
+                statistics = tags.get(cv.EXPORTS_STATISTICS)
+                result.written[INDEX] = export_index(
+                    ds, stamp({**read, cv.EXPORTS_STATISTICS: statistics})
+                )
             else:
                 result.skipped.append(INDEX)
-    result.seconds = time.monotonic() - clock
+        result.seconds = time.monotonic() - clock
+        job.run.stats = {k: v for k, v in result.as_dict().items() if k != "written"}
+        job.run.stats["written"] = {k: _summary(v) for k, v in result.written.items()}
     return result
+
+
+def _summary(written: dict[str, Any]) -> dict[str, Any]:
+    """What a job record keeps of a written export (not the whole statistics)."""
+    return {k: v for k, v in written.items() if k != "stats"}
 
 
 def export_statements(ds: Dataset, force: bool = False) -> ExportResult:
@@ -477,8 +547,11 @@ def _resource(ds: Dataset, kind: str) -> dict[str, Any] | None:
     return {**resource.model_dump(mode="json", exclude_none=True), "path": path}
 
 
-def export_index(ds: Dataset) -> dict[str, Any]:
-    """Write ``index.json`` (dataset metadata, stats, resource links) and a versioned copy."""
+def export_index(ds: Dataset, built: datetime | None = None) -> dict[str, Any]:
+    """Write ``index.json`` (dataset metadata, stats, resource links) and a versioned copy.
+
+    ``built`` is the freshness stamp for ``exports/index`` (see :func:`stamp`).
+    """
     config = ds.config()
     stats_path = cv.dataset_path(ds.name, cv.STATISTICS_JSON)
     stats = json.loads(ds.store.read_text(stats_path)) if ds.store.exists(stats_path) else None
@@ -499,5 +572,8 @@ def export_index(ds: Dataset) -> dict[str, Any]:
     text = json.dumps(data, indent=2, sort_keys=False)
     ds.store.write_text(cv.dataset_path(ds.name, cv.INDEX), text)
     ds.store.write_text(cv.dataset_version(ds.name, "index.json", now), text)
-    ds.core_tags.touch(cv.EXPORTS_INDEX)
+    if built is None:
+        ds.core_tags.touch(cv.EXPORTS_INDEX)
+    else:
+        ds.core_tags.set(cv.EXPORTS_INDEX, built)
     return {"path": cv.INDEX, "size": len(text.encode()), "resources": len(resources)}

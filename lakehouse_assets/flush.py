@@ -42,22 +42,21 @@ Fault points for tests: :data:`faults.FLUSH_POINTS`.
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets import faults
+from lakehouse_assets import faults, staging
 from lakehouse_assets.delta import commit, remove_action
+from lakehouse_assets.errors import LockedError
 from lakehouse_assets.locks import Fence
 from lakehouse_assets.spark.delta_io import arrow_frame, read_snapshot, write_parquet
-from lakehouse_assets.spark.session import get_spark
+from lakehouse_assets.spark.session import get_spark, scratch_cleanup
 from lakehouse_assets.tables import (
     STATEMENT_FIELDS,
     STATEMENTS_PARTITION,
@@ -86,6 +85,8 @@ class FlushResult:
     statements_version: int | None = None
     translog_version: int | None = None
     seconds: float = 0.0
+    #: leftovers of killed runs removed by this one (staging areas, Spark scratch)
+    cleaned: dict[str, Any] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -101,6 +102,7 @@ class FlushResult:
             "statements_version": self.statements_version,
             "translog_version": self.translog_version,
             "seconds": round(self.seconds, 3),
+            "cleaned": self.cleaned,
         }
 
 
@@ -217,7 +219,7 @@ def _flush_batch(
     flush_id: str,
     fence: Fence,
     result: FlushResult,
-    staging: Path,
+    staging_uri: str,
 ) -> None:
     from pyspark.sql import functions as F
 
@@ -230,7 +232,7 @@ def _flush_batch(
     span = (min(buckets), max(buckets))
     main = ds.statements_table
     options = main.storage_options
-    events = arrow_frame(spark, events_arrow, staging)
+    events = arrow_frame(spark, events_arrow, staging_uri, options)
     reduced = _reduce(events).cache()
     # under the lock the latest version holds everything committed, published or not
     main_snapshot = Snapshot.load(main)
@@ -328,11 +330,14 @@ def flush(ds: Dataset, *, batch_rows: int | None = None, wait: float | None = No
     """Flush a dataset's journal into its Delta tables (see the module docstring).
 
     Waits up to ``wait`` seconds (default ``LAKEHOUSE_LOCK_WAIT_SECONDS``) for
-    another writer of the dataset's tables to finish.
+    another writer of the dataset's tables to finish. Each flush leaves a job
+    record (``jobs/runs/flush/``) with its counts and what it cleaned up.
     """
     clock = time.monotonic()
     result = FlushResult()
-    with ds.table_lock("flush", wait=wait) as lock:
+    with ds.table_lock("flush", wait=wait) as lock, ds.job("flush") as job:
+        # no other flush runs: staging areas left are those of killed flushes
+        result.cleaned["staging"] = staging.clean_stale(ds, "flush").as_dict()
         # last_flushed is taken before the claim: a write that committed after
         # it is newer, so the next ensure_flush still picks it up.
         started = cv.utcnow()
@@ -341,16 +346,23 @@ def flush(ds: Dataset, *, batch_rows: int | None = None, wait: float | None = No
         faults.point("flush.after_claim")
         if claimed:
             spark = get_spark(ds.settings)
+            result.cleaned["spark_scratch"] = scratch_cleanup()
             rows = batch_rows or ds.settings.flush_batch_rows
             buckets = ds.journal.claimed_buckets(ds.name, flush_id)
-            with tempfile.TemporaryDirectory(prefix="lakehouse-flush-") as staging:
+            area = staging.new_area(ds, "flush", flush_id)
+            try:
                 for batch in plan_batches(buckets, rows):
-                    _flush_batch(spark, ds, batch, flush_id, lock.fence(), result, Path(staging))
+                    _flush_batch(
+                        spark, ds, batch, flush_id, lock.fence(), result, ds.store.full_uri(area)
+                    )
                     faults.point("flush.after_batch")
+            finally:
+                staging.remove(ds, area)
         ds.core_tags.set(cv.JOURNAL_LAST_FLUSHED, started)
         if result.changed:
             ds.core_tags.touch(cv.STATEMENTS_LAST_UPDATED)
-    result.seconds = time.monotonic() - clock
+        result.seconds = time.monotonic() - clock
+        job.run.stats = result.as_dict()
     return result
 
 
@@ -363,6 +375,35 @@ def needs_flush(ds: Dataset) -> bool:
     )
 
 
-def ensure_flush(ds: Dataset) -> FlushResult | None:
+def ensure_flush(ds: Dataset, *, wait: float | None = None) -> FlushResult | None:
     """Flush when the journal holds anything newer than the last flush."""
-    return flush(ds) if needs_flush(ds) else None
+    return flush(ds, wait=wait) if needs_flush(ds) else None
+
+
+@dataclass
+class ReaderFlush:
+    """What a reader's flush-first did: the flush, or why not and what is left."""
+
+    result: FlushResult | None = None
+    pending: int = 0
+    locked_by: str | None = None
+
+
+def flush_for_reading(ds: Dataset, *, wait: float) -> ReaderFlush:
+    """A reader's flush-first (query, export): never fails because a writer holds the lock.
+
+    Waits up to ``wait`` seconds for the dataset's lock (saying on the log
+    whom it waits for); if the writer is still busy, the reader goes on with
+    the current snapshot and says how many journal rows are still pending.
+    """
+    try:
+        return ReaderFlush(ensure_flush(ds, wait=wait))
+    except LockedError as exc:
+        pending = ds.journal.count(ds.name)
+        log.warning(
+            "%s: not flushed, %d journal rows are pending; reading the current snapshot (%s)",
+            ds.name,
+            pending,
+            exc,
+        )
+        return ReaderFlush(None, pending, str(exc))

@@ -129,12 +129,15 @@ def query(
     """Entities from live statements, filtered by ids, origin and an ftmq ``Query``.
 
     Flushes the journal first unless ``flush=False`` (then unflushed writes are
-    not visible).
+    not visible). If another writer holds the dataset's lock for longer than
+    ``LAKEHOUSE_READ_WAIT_SECONDS``, reads the current snapshot instead (and
+    says on the log how many journal rows are pending): a reader never fails
+    because of a writer.
     """
     if flush:
-        from lakehouse_assets.flush import ensure_flush
+        from lakehouse_assets.flush import flush_for_reading
 
-        ensure_flush(ds)
+        flush_for_reading(ds, wait=ds.settings.read_wait_seconds)
     entities = aggregate(
         ds.name, to_statements(live_statements(ds, entity_ids=entity_ids, origin=origin))
     )

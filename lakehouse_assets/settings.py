@@ -30,6 +30,11 @@ class Settings(BaseSettings):
             "~/.cache/lakehouse/ for an s3:// lake. postgresql://... for a server."
         ),
     )
+    cache_dir: str = Field(
+        default="~/.cache/lakehouse",
+        description="Local folder for this machine's runtime files: the default journal of "
+        "an s3:// lake, Spark's scratch folders (one per process, stale ones removed).",
+    )
     public_url: str | None = Field(
         default=None,
         description="http(s) base URL where the lake is published; resource links in "
@@ -53,7 +58,13 @@ class Settings(BaseSettings):
     )
     lock_wait_seconds: float = Field(
         default=900.0,
-        description="How long a writer of a dataset's tables waits for another one to finish.",
+        description="How long a writer of a dataset's tables (and an export's flush-first) "
+        "waits for another one to finish.",
+    )
+    read_wait_seconds: float = Field(
+        default=10.0,
+        description="How long a query's flush-first waits for a writer before it reads the "
+        "current snapshot (saying how many journal rows are pending).",
     )
     # --- http sources ---
     http_timeout_seconds: float = Field(
@@ -105,11 +116,15 @@ class Settings(BaseSettings):
             return self.journal_url
         if self.is_s3:
             digest = hashlib.sha1(self.lake_uri.encode()).hexdigest()[:16]
-            folder = Path.home() / ".cache" / "lakehouse" / digest
+            folder = self.cache_path / digest
         else:
             folder = Path(self.lake_uri.removeprefix("file://")).expanduser()
         folder.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{(folder / 'journal.sqlite').resolve()}"
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir).expanduser()
 
     @property
     def is_s3(self) -> bool:

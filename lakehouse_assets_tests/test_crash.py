@@ -17,20 +17,41 @@ from lakehouse_assets_tests.conftest import sample_entities
 from lakehouse_assets_tests.test_flush import table_rows
 
 RUN = """
-import sys
+import json, sys
 from lakehouse_assets.lake import Lakehouse
 lake = Lakehouse(sys.argv[1], journal_url=sys.argv[2])
 ds = lake.dataset(sys.argv[3])
 if sys.argv[4] == "flush":
-    ds.flush(batch_rows=int(sys.argv[5]))
+    print(json.dumps(ds.flush(batch_rows=int(sys.argv[5])).as_dict()))
 else:
     ds.export(["statements", "entities"], force=True)
 """
 
 
-def run_killed(lake: Lakehouse, name: str, point: str, *args: str) -> None:
+def run_child(
+    lake: Lakehouse, name: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            RUN,
+            lake.store.uri,
+            lake.settings.resolved_journal_url(),
+            name,
+            *args,
+        ],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        timeout=300,
+    )
+
+
+def run_killed(
+    lake: Lakehouse, name: str, point: str, *args: str, env: dict[str, str] | None = None
+) -> None:
     """Run an operation in a child process that SIGKILLs itself at ``point``."""
-    env = {**os.environ, "LAKEHOUSE_CRASH_AT": point}
+    env = {**os.environ, **(env or {}), "LAKEHOUSE_CRASH_AT": point}
     proc = subprocess.run(
         [
             sys.executable,
@@ -105,8 +126,41 @@ def test_export_killed_before_replace_keeps_previous_file(spark, tmp_path: Path)
     ds.flush()
     run_killed(lake, ds.name, "export.before_replace", "export")
     assert (lake.store.read_bytes(csv_path), lake.store.read_bytes(json_path)) == before
-    assert list(lake.store.list(cv.dataset_path(ds.name, ".staging")))  # the dead run's parts
+    assert list(lake.store.list(cv.dataset_path(ds.name, cv.STAGING)))  # the dead run's parts
     ds.export(["statements", "entities"], force=True)
-    assert not list(lake.store.list(cv.dataset_path(ds.name, ".staging")))  # cleaned up
+    assert not list(lake.store.list(cv.dataset_path(ds.name, cv.STAGING)))  # cleaned up
     lines = lake.store.read_bytes(json_path).splitlines()
     assert len(lines) == len(sample_entities())
+
+
+def test_a_killed_flush_leaves_nothing_the_next_one_does_not_remove(tmp_path: Path) -> None:
+    """Nothing in the temp folder; its staging area (in the lake) and its scratch folder
+    (in the cache) are removed by the next flush and counted in its job record."""
+    import json
+
+    from lakehouse_assets.jobs import list_runs
+
+    lake = Lakehouse(tmp_path / "lake")
+    ds = prepare(lake)
+    tmpdir, cache = tmp_path / "tmp", tmp_path / "cache"
+    tmpdir.mkdir()
+    env = {"TMPDIR": str(tmpdir), "LAKEHOUSE_CACHE_DIR": str(cache)}
+    run_killed(lake, ds.name, "flush.after_parquet", "flush", "25", env=env)
+    staged = [p for p in lake.store.list(cv.dataset_path(ds.name, cv.STAGING))]
+    assert staged, "the killed flush staged its journal rows in the lake"
+    assert len(list((cache / "scratch").iterdir())) == 1  # Spark's folders, not in /tmp
+    assert sorted(p.name for p in tmpdir.iterdir()) == []
+    done = run_child(lake, ds.name, "flush", "25", env=env)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["cleaned"]["staging"]["areas"] == 1
+    assert result["cleaned"]["staging"]["files"] >= 1 and result["cleaned"]["staging"]["bytes"] > 0
+    assert result["cleaned"]["spark_scratch"]["areas"] == 1  # the killed JVM's folder
+    assert not list(lake.store.list(cv.dataset_path(ds.name, cv.STAGING)))
+    assert list((cache / "scratch").iterdir()) == []  # the rerun removed its own at exit
+    assert sorted(p.name for p in tmpdir.iterdir()) == []
+    records = list_runs(lake.store, ds.name, "flush")
+    assert records[-1].status == "succeeded"
+    assert records[-1].stats["cleaned"]["staging"]["areas"] == 1
+    # prepare()'s flush, the killed one (never finished), the rerun
+    assert [r.status for r in records] == ["succeeded", "running", "succeeded"]

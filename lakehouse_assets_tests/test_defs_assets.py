@@ -158,6 +158,19 @@ def test_materialize_the_graph_twice(
     )
     assert all(checks(first).values()), checks(first)
     assert entity_ids(ds) == {e["id"] for e in entities}
+    # freshness and Dagster agree: an export's data version is the stamp of its tag,
+    # and it names the snapshot it was built from
+    event = next(
+        e.materialization
+        for e in first.get_asset_materialization_events()
+        if e.materialization is not None
+        and e.materialization.asset_key == dg.AssetKey("entities_ftm_json")
+    )
+    stamp = ds.core_tags.get(cv.EXPORTS_ENTITIES)
+    assert stamp is not None and event.tags["dagster/data_version"] == stamp.isoformat()
+    snapshot = ds.snapshot().versions
+    assert mats["entities_ftm_json"]["built_from_statements_version"] == snapshot[0]
+    assert mats["entities_ftm_json"]["built_from_translog_version"] == snapshot[1]
 
     # tenants write a new entity and delete another; the graph runs again
     gone = str(entities[0]["id"])

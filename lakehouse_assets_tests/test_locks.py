@@ -269,3 +269,58 @@ def test_two_writers_from_one_snapshot_cannot_both_commit(
     assert os.path.exists(Path(location.uri) / "b.parquet")  # written, never committed
     table = location.table()
     assert table is not None and table.to_pyarrow_dataset().count_rows() == 2
+
+
+# --- breaking a stale lock is a compare-and-swap ------------------------------------------
+
+
+def race_for_the_lock(task: dict[str, object]) -> str | None:
+    """Run in a worker: with ~30 ms per S3 request, try to take the stale lock at ``go_at``."""
+    import time
+
+    from lakehouse_assets.settings import Settings
+
+    settings = Settings.model_validate(task["settings"])
+    lake = Lakehouse(str(task["uri"]), settings=settings)
+    client = lake.store.client  # type: ignore[attr-defined]
+    client.meta.events.register("before-send.s3", lambda **_: time.sleep(0.03))
+    lock = lake.dataset(str(task["dataset"])).lock("flush")
+    time.sleep(max(0.0, float(task["go_at"]) - time.time()))  # type: ignore[arg-type]
+    if lock.try_acquire() is None:
+        return lock.token  # held, never released: the test looks at who holds it
+    return None
+
+
+def test_four_processes_breaking_a_stale_lock_on_slow_s3_leave_one_holder(
+    s3_settings: object, tmp_path: Path
+) -> None:
+    import multiprocessing as mp
+    import time
+
+    from lakehouse_assets.settings import Settings
+    from lakehouse_assets_tests.conftest import make_bucket
+
+    assert isinstance(s3_settings, Settings)
+    lake = Lakehouse(
+        f"s3://{make_bucket(s3_settings)}/lake",
+        settings=s3_settings,
+        journal_url=f"sqlite:///{tmp_path / 'j.sqlite'}",
+    )
+    ds = lake.create_dataset("raced")
+    stale = holder(acquired_at=(NOW - timedelta(days=1)).isoformat())
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        pool.map(time.sleep, [0] * 4)
+        for _round in range(15):
+            lake.store.write_bytes(lock_path(ds), stale)
+            go_at = time.time() + 0.5
+            task = {
+                "settings": s3_settings.model_dump(),
+                "uri": lake.store.uri,
+                "dataset": ds.name,
+                "go_at": go_at,
+            }
+            tokens = pool.map(race_for_the_lock, [task] * 4, chunksize=1)
+            winners = [t for t in tokens if t is not None]
+            assert len(winners) == 1, tokens
+            assert ds.lock().state().token == winners[0]

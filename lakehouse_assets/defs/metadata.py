@@ -104,6 +104,14 @@ def export_metadata(ds: Dataset, kind: str, written: Mapping[str, Any] | None) -
             meta["dagster/partition_row_count"] = int(written["rows"])
         if "sha256" in written:
             meta["sha256"] = written["sha256"]
+        snapshot = written.get("snapshot")
+        if snapshot:  # the (statements, translog) versions the export was built from
+            meta["built_from_statements_version"] = int(
+                snapshot[0] if snapshot[0] is not None else -1
+            )
+            meta["built_from_translog_version"] = int(
+                snapshot[1] if snapshot[1] is not None else -1
+            )
     ts = ds.core_tags.get(tag)
     if ts is not None:
         meta["exported_at"] = dg.MetadataValue.timestamp(ts)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -167,22 +166,28 @@ class _PartWriter:
     collector: list[pq.FileMetaData]
 
 
-def arrow_frame(spark: SparkSession, table: pa.Table, staging: Path | None = None) -> DataFrame:
-    """An Arrow table from the driver as a DataFrame, fast.
+def arrow_frame(
+    spark: SparkSession, table: pa.Table, staging_uri: str, storage_options: Mapping[str, str]
+) -> DataFrame:
+    """An Arrow table of the driver's as a DataFrame, staged as Parquet in the lake.
 
     ``createDataFrame(arrow)`` ships the rows through py4j and keeps them as one
-    local relation (seconds per million rows, re-read on every use). On a
-    local master the driver's disk is the executors' disk: write the table as
-    Parquet there and let Spark's vectorised reader scan it. On a cluster we
-    fall back to ``createDataFrame``.
+    local relation (seconds per million rows, re-read on every use). Written
+    once as Parquet into the run's staging area of the lake, Spark scans them
+    with its vectorised reader, and this works wherever Spark runs, as long as
+    it reaches the lake (Spark's own reader for a local folder, the snapshot
+    data source for S3).
     """
-    master = spark.sparkContext.master or ""
-    if staging is None or not master.startswith("local"):
-        return spark.createDataFrame(table)
-    staging.mkdir(parents=True, exist_ok=True)
-    path = staging / unique_file_name("events")
-    pq.write_table(table, path, compression="none", row_group_size=128_000)
-    return spark.read.parquet(str(path))
+    fs, root = arrow_filesystem(staging_uri, storage_options)
+    fs.create_dir(root, recursive=True)
+    name = unique_file_name("events")
+    with fs.open_output_stream(f"{root}/{name}") as sink:
+        pq.write_table(table, sink, compression="none", row_group_size=128_000)
+    size = fs.get_file_info(f"{root}/{name}").size
+    uri = f"{staging_uri.rstrip('/')}/{name}"
+    return read_snapshot(
+        spark, [DataFile(uri, name, size, {}, None, None)], table.schema, storage_options
+    )
 
 
 def _read_local(

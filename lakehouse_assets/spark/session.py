@@ -9,24 +9,36 @@ runs the same jobs on a cluster.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.spark.java import require_java
+from lakehouse_assets.staging import Cleaned, clean_stale_scratch, scratch_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 _lock = threading.Lock()
 _session: SparkSession | None = None
+#: Scratch folders of dead processes removed when this process started Spark.
+_cleaned: Cleaned | None = None
 
 
 def spark_conf(settings: Settings) -> dict[str, str]:
     """The Spark configuration the lakehouse runs with."""
+    scratch = scratch_dir(settings)
     return {
+        # Spark's block manager and temp folders, and the JVM's temp folder
+        # (native libraries it extracts), in this process's scratch folder:
+        # a killed process's leftovers are found and removed by the next one
+        "spark.local.dir": str(scratch),
+        "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData",
         "spark.master": settings.spark_master,
         "spark.app.name": "lakehouse_assets",
         "spark.driver.memory": settings.spark_driver_memory,
@@ -64,12 +76,29 @@ def get_spark(settings: Settings | None = None) -> SparkSession:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         from pyspark.sql import SparkSession
 
+        global _cleaned
+        _cleaned = clean_stale_scratch(settings)
+        atexit.register(_leave, scratch_dir(settings))
         builder = SparkSession.builder
         for key, value in spark_conf(settings).items():
             builder = builder.config(key, value)
         _session = builder.getOrCreate()
         _session.sparkContext.setLogLevel("WARN")
         return _session
+
+
+def _leave(scratch: Path) -> None:
+    """At a normal exit: stop Spark, then remove this process's scratch folder."""
+    stop_spark()
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def scratch_cleanup() -> dict[str, int]:
+    """What starting Spark in this process removed of dead processes' scratch folders
+    (reported once, by the first job record that asks)."""
+    global _cleaned
+    done, _cleaned = _cleaned, None
+    return done.as_dict() if done is not None else Cleaned().as_dict()
 
 
 def stop_spark() -> None:
