@@ -536,6 +536,79 @@ def stream_cmd(obj: Context) -> None:
         _echo_json(data)
 
 
+# --- the local Spark Connect server ----------------------------------------------
+
+
+@cli.group("spark")
+def spark_group() -> None:
+    """The local Spark Connect server: one warm Spark for every command.
+
+    \b
+    Example:
+      lakehouse spark start
+      export LAKEHOUSE_SPARK_REMOTE=sc://127.0.0.1:15002
+      lakehouse -d my_dataset make      # no JVM start: runs on the server
+      lakehouse spark stop
+    """
+
+
+PORT_OPTION = click.option(
+    "--port",
+    type=click.IntRange(1024, 65535),
+    default=None,
+    help="Port on 127.0.0.1 (default LAKEHOUSE_SPARK_CONNECT_PORT, 15002).",
+)
+
+
+def _server_line(info: Any) -> str:
+    if not info.running:
+        return f"Spark Connect server on port {info.port}: not running" + (
+            f" ({info.note})" if info.note else ""
+        )
+    return (
+        f"Spark Connect server running at {info.url} (pid {info.pid}, log {info.log}); "
+        f"use it: export LAKEHOUSE_SPARK_REMOTE={info.url}"
+    )
+
+
+@spark_group.command("start")
+@PORT_OPTION
+@pass_ctx
+def spark_start(obj: Context, port: int | None) -> None:
+    """Start the local server (bound to 127.0.0.1) and wait until it answers.
+
+    Does nothing if it is already running. Its PID file and log live under
+    LAKEHOUSE_CACHE_DIR/spark-connect/PORT/.
+    """
+    from lakehouse_assets.spark import connect
+
+    click.echo(_server_line(connect.start(obj.lake.settings, port)))
+
+
+@spark_group.command("stop")
+@PORT_OPTION
+@pass_ctx
+def spark_stop(obj: Context, port: int | None) -> None:
+    """Stop the local server by its PID (SIGTERM, then SIGKILL after 30 s)."""
+    from lakehouse_assets.spark import connect
+
+    info = connect.stop(obj.lake.settings, port)
+    click.echo(f"Spark Connect server on port {info.port}: {info.note}")
+
+
+@spark_group.command("status")
+@PORT_OPTION
+@pass_ctx
+def spark_status(obj: Context, port: int | None) -> None:
+    """Say whether the local server runs (exit 1 if not); a stale PID file is removed."""
+    from lakehouse_assets.spark import connect
+
+    info = connect.status(obj.lake.settings, port)
+    click.echo(_server_line(info))
+    if not info.running:
+        sys.exit(1)
+
+
 def main() -> None:
     cli(prog_name="lakehouse")
 

@@ -413,7 +413,7 @@ def _map_spark(
     ds: Dataset, content_hash: str, queries: list[dict[str, Any]], bulk: Any
 ) -> tuple[int, int, float]:
     """Returns (csv rows, statements, seconds until the mapped rows were ready)."""
-    from lakehouse_assets.spark.session import get_spark
+    from lakehouse_assets.spark.session import get_spark, parallelism
 
     clock = time.monotonic()
     spark = get_spark(ds.settings)
@@ -439,7 +439,7 @@ def _map_spark(
                     rows += len(chunk)
         # a task per CHUNK_ROWS rows (at least one per core, at most one per
         # shuffle partition): each Python worker pays followthemoney's set-up once
-        cores = spark.sparkContext.defaultParallelism
+        cores = parallelism(spark)
         tasks = max(
             1, min(ds.settings.spark_shuffle_partitions, max(cores, -(-rows // CHUNK_ROWS)))
         )

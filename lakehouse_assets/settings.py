@@ -84,6 +84,14 @@ class Settings(BaseSettings):
         description="vacuum keeps files a version younger than this still needs.",
     )
     # --- spark ---
+    spark_remote: str | None = Field(
+        default=None,
+        description="Spark Connect URL (sc://host:port): run every Spark job on that server "
+        "(the local one of `lakehouse spark start`, or a cluster's). Unset: in-process Spark.",
+    )
+    spark_connect_port: int = Field(
+        default=15002, description="Port of the local Spark Connect server (127.0.0.1)."
+    )
     spark_master: str = Field(
         default="local[*]",
         description="Spark master URL: local[*] (embedded) or spark://host:7077, ...",

@@ -1,15 +1,23 @@
 """One Spark session per process, created lazily on first use.
 
-Configured for this stack: Delta tables are committed by delta-rs, so Spark
-needs no extra JARs (Maven is not reachable); Spark writes Parquet with the
-timestamp type Delta expects. ``local[*]`` is the embedded default; pointing
-``LAKEHOUSE_SPARK_MASTER`` at ``spark://host:7077`` (or ``yarn``, ``k8s://…``)
-runs the same jobs on a cluster.
+Two ways to run the same jobs:
+
+* **Spark Connect** (``LAKEHOUSE_SPARK_REMOTE=sc://host:port``): a thin gRPC
+  client of a warm server, the local one of ``lakehouse spark start`` or a
+  cluster's. No JVM in this process, no start-up cost per command.
+* **In process** (the embedded default): a ``local[*]`` JVM started by this
+  process (``LAKEHOUSE_SPARK_MASTER`` may name a cluster master instead).
+
+The lakehouse's code uses only what both offer: DataFrames, SQL,
+``mapInArrow`` and the Python data source, never the SparkContext or RDDs.
+Delta tables are committed by delta-rs, so Spark needs no extra JARs (Maven
+is not reachable); Spark writes Parquet with the timestamp type Delta expects.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import sys
@@ -17,6 +25,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lakehouse_assets.errors import ConfigurationError
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.spark.java import require_java
 from lakehouse_assets.staging import Cleaned, clean_stale_scratch, scratch_dir
@@ -25,27 +34,17 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 _lock = threading.Lock()
-_session: SparkSession | None = None
+#: The session of this process, by where it runs ("local" or the remote URL).
+_sessions: dict[str, SparkSession] = {}
 #: Scratch folders of dead processes removed when this process started Spark.
 _cleaned: Cleaned | None = None
 
 
-def spark_conf(settings: Settings) -> dict[str, str]:
-    """The Spark configuration the lakehouse runs with."""
-    scratch = scratch_dir(settings)
+def sql_conf(settings: Settings) -> dict[str, str]:
+    """Session settings (runtime SQL confs: they apply to a Connect session too)."""
     return {
-        # Spark's block manager and temp folders, and the JVM's temp folder
-        # (native libraries it extracts), in this process's scratch folder:
-        # a killed process's leftovers are found and removed by the next one
-        "spark.local.dir": str(scratch),
-        "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData",
-        "spark.master": settings.spark_master,
-        "spark.app.name": "lakehouse_assets",
-        "spark.driver.memory": settings.spark_driver_memory,
         "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
-        "spark.ui.enabled": str(settings.spark_ui_enabled).lower(),
         "spark.sql.session.timeZone": "UTC",
-        "spark.ui.showConsoleProgress": "false",
         # Delta expects microsecond timestamps (Spark's default is INT96).
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -54,37 +53,116 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # core. Keep the partitions we ask for.
         "spark.sql.adaptive.coalescePartitions.enabled": "false",
         "spark.sql.sources.partitionOverwriteMode": "dynamic",
-        "spark.driver.bindAddress": "127.0.0.1"
-        if settings.spark_master.startswith("local")
-        else "0.0.0.0",
     }
 
 
-def get_spark(settings: Settings | None = None) -> SparkSession:
-    """The process-wide Spark session (created on first call, then reused)."""
-    global _session
-    with _lock:
-        if _session is not None and _session.sparkContext._jsc is not None:
-            return _session
-        settings = settings or Settings()
-        require_java()
-        # Spark's Python workers must run this interpreter (with our packages),
-        # and a local session must not bind a public address.
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-        if settings.spark_master.startswith("local"):
-            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        from pyspark.sql import SparkSession
+def spark_conf(settings: Settings) -> dict[str, str]:
+    """The configuration of an in-process Spark."""
+    from lakehouse_assets.spark.connect import log4j_config
 
-        global _cleaned
-        _cleaned = clean_stale_scratch(settings)
-        atexit.register(_leave, scratch_dir(settings))
-        builder = SparkSession.builder
-        for key, value in spark_conf(settings).items():
-            builder = builder.config(key, value)
-        _session = builder.getOrCreate()
-        _session.sparkContext.setLogLevel("WARN")
-        return _session
+    scratch = scratch_dir(settings)
+    return {
+        "spark.master": settings.spark_master,
+        "spark.app.name": "lakehouse_assets",
+        "spark.driver.memory": settings.spark_driver_memory,
+        "spark.ui.enabled": str(settings.spark_ui_enabled).lower(),
+        "spark.ui.showConsoleProgress": "false",
+        # Spark's block manager and temp folders, and the JVM's temp folder
+        # (native libraries it extracts), in this process's scratch folder:
+        # a killed process's leftovers are found and removed by the next one
+        "spark.local.dir": str(scratch),
+        "spark.driver.extraJavaOptions": (
+            f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData "
+            f"-Dlog4j2.configurationFile=file:{log4j_config(settings)}"
+        ),
+        "spark.driver.bindAddress": "127.0.0.1"
+        if settings.spark_master.startswith("local")
+        else "0.0.0.0",
+        **sql_conf(settings),
+    }
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no SparkContext, no RDDs)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _usable(session: SparkSession) -> bool:
+    if is_connect(session):
+        return not getattr(session, "is_stopped", False)
+    return session.sparkContext._jsc is not None
+
+
+def get_spark(settings: Settings | None = None) -> SparkSession:
+    """The process-wide Spark session (created on first call, then reused).
+
+    With ``LAKEHOUSE_SPARK_REMOTE`` set, a Spark Connect session of that
+    server; otherwise an in-process ``local[*]`` session.
+    """
+    settings = settings or Settings()
+    key = settings.spark_remote or "local"
+    with _lock:
+        session = _sessions.get(key)
+        if session is not None and _usable(session):
+            return session
+        session = _connect(settings) if settings.spark_remote else _start_local(settings)
+        _sessions[key] = session
+        return session
+
+
+def _connect(settings: Settings) -> SparkSession:
+    from urllib.parse import urlparse
+
+    from pyspark.sql import SparkSession
+
+    from lakehouse_assets.spark.connect import answers
+
+    url = str(settings.spark_remote)
+    parsed = urlparse(url.replace("sc://", "http://", 1))
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or 15002
+    if not answers(host, port, timeout=3.0):
+        # fail fast: the client would otherwise retry for minutes
+        hint = (
+            "start one with `lakehouse spark start`"
+            if host in ("127.0.0.1", "localhost")
+            else "check the address and that the cluster is up"
+        )
+        raise ConfigurationError(
+            f"no Spark Connect server answers at {url} (LAKEHOUSE_SPARK_REMOTE): {hint}"
+        )
+    session = SparkSession.builder.remote(url).getOrCreate()
+    for key, value in sql_conf(settings).items():
+        session.conf.set(key, value)
+    return session
+
+
+def _start_local(settings: Settings) -> SparkSession:
+    global _cleaned
+    require_java()
+    # Spark's Python workers must run this interpreter (with our packages),
+    # and a local session must not bind a public address.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if settings.spark_master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    _cleaned = clean_stale_scratch(settings)
+    atexit.register(_leave, scratch_dir(settings))
+    builder = SparkSession.builder
+    for key, value in spark_conf(settings).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+def parallelism(spark: SparkSession) -> int:
+    """How many tasks run at once (cores of a local Spark, the cluster's default)."""
+    if not is_connect(spark):
+        return int(spark.sparkContext.defaultParallelism)
+    value = spark.conf.get("spark.default.parallelism", None)
+    return int(value) if value else (os.cpu_count() or 2)
 
 
 def _leave(scratch: Path) -> None:
@@ -102,9 +180,9 @@ def scratch_cleanup() -> dict[str, int]:
 
 
 def stop_spark() -> None:
-    """Stop the process-wide session (tests, shutdown)."""
-    global _session
+    """Stop this process's sessions (tests, shutdown). A Connect server keeps running."""
     with _lock:
-        if _session is not None:
-            _session.stop()
-            _session = None
+        for session in _sessions.values():
+            with contextlib.suppress(Exception):  # a server that is gone already
+                session.stop()
+        _sessions.clear()

@@ -1,0 +1,263 @@
+"""A local Spark Connect server: one warm Spark for every lakehouse command.
+
+Starting a JVM and warming Spark costs 5–15 s, more than most operations on a
+small dataset. pyspark ships the Spark Connect server, so the lakehouse runs
+one in the background (``lakehouse spark start``) and every process that has
+``LAKEHOUSE_SPARK_REMOTE=sc://127.0.0.1:PORT`` set talks to it over gRPC: the
+CLI, Dagster runs and checks, the demo, mappings. The same setting pointed at
+a cluster's Spark Connect endpoint (Databricks, EMR, Dataproc, a plain Spark
+cluster) runs the same jobs there.
+
+The server binds to 127.0.0.1 only. Its PID file, log and working folder live
+under ``{LAKEHOUSE_CACHE_DIR}/spark-connect/{port}/``; start waits until the
+server answers a query; stop sends SIGTERM to the recorded PID (SIGKILL after
+a grace period); a PID file whose process is gone is recovered on the next
+start or status. The server's Python workers run this interpreter, so they
+import this package and its dependencies exactly as installed here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from lakehouse_assets.errors import ConfigurationError
+from lakehouse_assets.locks import pid_alive, process_start
+from lakehouse_assets.settings import Settings
+from lakehouse_assets.spark.java import require_java
+
+#: Spark's own start-up chatter (log4j defaults, native-hadoop warning) stays
+#: out of the way: warnings and errors only, to stderr (the server: its log).
+LOG4J = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.hadoopnative.name = org.apache.hadoop.util.NativeCodeLoader
+logger.hadoopnative.level = off
+logger.sessionholder.name = org.apache.spark.sql.connect.service.SessionHolder
+logger.sessionholder.level = warn
+"""
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+def log4j_config(settings: Settings) -> Path:
+    """The quiet log4j2 configuration file (written once into the cache folder)."""
+    path = settings.cache_path / "log4j2.properties"
+    if not path.exists() or path.read_text() != LOG4J:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(LOG4J)
+        os.replace(tmp, path)
+    return path
+
+
+@dataclass
+class ServerInfo:
+    """What ``lakehouse spark status`` shows."""
+
+    running: bool
+    port: int
+    pid: int | None = None
+    url: str | None = None
+    log: str | None = None
+    started_at: float | None = None
+    note: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def server_dir(settings: Settings, port: int) -> Path:
+    return settings.cache_path / "spark-connect" / str(port)
+
+
+def _pid_file(settings: Settings, port: int) -> Path:
+    return server_dir(settings, port) / "server.json"
+
+
+def answers(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Whether something accepts TCP connections at host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _recorded(settings: Settings, port: int) -> dict[str, object] | None:
+    try:
+        data = json.loads(_pid_file(settings, port).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _alive(record: dict[str, object]) -> bool:
+    pid = record.get("pid")
+    if not isinstance(pid, int) or not pid_alive(pid):
+        return False
+    started = record.get("pid_start")
+    return not isinstance(started, int) or process_start(pid) in (None, started)
+
+
+def status(settings: Settings, port: int | None = None) -> ServerInfo:
+    """Is the local server on ``port`` running? A stale PID file is removed."""
+    port = port or settings.spark_connect_port
+    record = _recorded(settings, port)
+    if record is None:
+        return ServerInfo(False, port)
+    if not _alive(record):
+        _pid_file(settings, port).unlink(missing_ok=True)
+        return ServerInfo(
+            False, port, note=f"removed the stale PID file of pid {record.get('pid')}"
+        )
+    return ServerInfo(
+        True,
+        port,
+        pid=int(record["pid"]),  # type: ignore[call-overload]
+        url=f"sc://127.0.0.1:{port}",
+        log=str(record.get("log")),
+        started_at=float(record.get("started_at") or 0),  # type: ignore[arg-type]
+    )
+
+
+def start(settings: Settings, port: int | None = None, *, timeout: float = 180.0) -> ServerInfo:
+    """Start the local server (or find it running) and wait until it answers a query."""
+    port = port or settings.spark_connect_port
+    current = status(settings, port)
+    if current.running:
+        return current
+    if answers("127.0.0.1", port):
+        raise ConfigurationError(
+            f"port {port} on 127.0.0.1 is taken by another program; "
+            f"choose another with --port or LAKEHOUSE_SPARK_CONNECT_PORT"
+        )
+    require_java()
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    folder = server_dir(settings, port)
+    scratch = folder / "scratch"
+    shutil.rmtree(scratch, ignore_errors=True)  # a killed server's leftovers
+    scratch.mkdir(parents=True, exist_ok=True)
+    log_path = folder / "server.log"
+    java_options = (
+        f"-Dlog4j2.configurationFile=file:{log4j_config(settings)} "
+        f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData -XX:+ExitOnOutOfMemoryError"
+    )
+    confs = {
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": "127.0.0.1",
+        "spark.ui.enabled": str(settings.spark_ui_enabled).lower(),
+        "spark.local.dir": str(scratch),
+        "spark.sql.warehouse.dir": str(folder / "warehouse"),
+        "spark.ui.showConsoleProgress": "false",
+    }
+    command = [
+        str(home / "bin" / "spark-submit"),
+        "--class",
+        SERVER_CLASS,
+        "--name",
+        f"lakehouse-connect-{port}",
+        "--master",
+        settings.spark_master,
+        "--driver-memory",
+        settings.spark_driver_memory,
+        "--driver-java-options",
+        java_options,
+    ]
+    for key, value in confs.items():
+        command += ["--conf", f"{key}={value}"]
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(home),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
+    env.pop("LAKEHOUSE_SPARK_REMOTE", None)
+    clock = time.monotonic()
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            command,
+            cwd=folder,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stopped by its PID, not by Ctrl-C
+        )
+    record = {
+        "pid": proc.pid,
+        "pid_start": process_start(proc.pid),
+        "port": port,
+        "log": str(log_path),
+        "started_at": time.time(),
+    }
+    tmp = _pid_file(settings, port).with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, _pid_file(settings, port))
+    while not answers("127.0.0.1", port):
+        if proc.poll() is not None or time.monotonic() - clock > timeout:
+            stop(settings, port)
+            tail = log_path.read_text(errors="replace")[-1500:]
+            raise ConfigurationError(
+                f"the Spark Connect server did not start (see {log_path}): {tail.strip()[-300:]}"
+            )
+        time.sleep(0.2)
+    _warm_up(f"sc://127.0.0.1:{port}")
+    return status(settings, port)
+
+
+def _warm_up(url: str) -> None:
+    """Run one query: the first one on a fresh server pays Spark's warm-up, not a user."""
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.builder.remote(url).create()
+    try:
+        session.range(1).count()
+    finally:
+        session.stop()
+
+
+def stop(settings: Settings, port: int | None = None, *, grace: float = 30.0) -> ServerInfo:
+    """Stop the local server by its PID (SIGTERM, then SIGKILL after ``grace`` seconds)."""
+    port = port or settings.spark_connect_port
+    record = _recorded(settings, port)
+    if record is None or not _alive(record):
+        _pid_file(settings, port).unlink(missing_ok=True)
+        return ServerInfo(False, port, note="not running")
+    pid = int(record["pid"])  # type: ignore[call-overload]
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pid_alive(pid) and time.monotonic() < deadline:
+        _reap(pid)
+        time.sleep(0.1)
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+        _reap(pid)
+    _pid_file(settings, port).unlink(missing_ok=True)
+    return ServerInfo(False, port, pid=pid, note="stopped")
+
+
+def _reap(pid: int) -> None:
+    """Collect a child's exit status (when this process started it) so it is really gone."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
