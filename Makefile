@@ -31,8 +31,11 @@ demo: install java
 ui: install java
 	LAKEHOUSE_LAKE_URI=$(DEMO_LAKE) $(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
 
+# the suite with Spark Connect (a server per test worker), then the data-plane
+# group again with an in-process Spark (one process cannot mix the two)
 test: install java
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+	LAKEHOUSE_TEST_SPARK=inprocess $(PY) -m pytest -n 2 --dist loadfile -m spark_modes $(PYTEST_ARGS)
 
 # the property suite with every property at >= 100 examples locally, 20 on S3 (long)
 test-thorough: install java

@@ -55,7 +55,7 @@ from lakehouse_assets import faults, staging
 from lakehouse_assets.delta import commit, remove_action
 from lakehouse_assets.errors import LockedError
 from lakehouse_assets.locks import Fence
-from lakehouse_assets.spark.delta_io import arrow_frame, read_snapshot, write_parquet
+from lakehouse_assets.spark.delta_io import arrow_frame, read_snapshot, write_files
 from lakehouse_assets.spark.session import get_spark, scratch_cleanup
 from lakehouse_assets.tables import (
     STATEMENT_FIELDS,
@@ -153,6 +153,7 @@ def rewrite_translog(
     *,
     fence: Fence,
     publishes: int | None,
+    staging_uri: str,
 ) -> int | None:
     """Upsert translog rows: rewrite the files that may hold them, in one commit.
 
@@ -184,7 +185,9 @@ def rewrite_translog(
         .repartitionByRange(_tasks(ds, rows, sum(f.size for f in old_files)), "bucket")
         .sortWithinPartitions("bucket", "origin", "id")
     )
-    adds = write_parquet(merged, location.uri, options, TRANSLOG_SCHEMA, prefix="translog")
+    adds = write_files(
+        merged, location.uri, options, TRANSLOG_SCHEMA, staging_uri=staging_uri, prefix="translog"
+    )
     removes = [remove_action(f.path, f.size, f.partition_values) for f in old_files]
     if not adds and not removes and snapshot.version is None:
         return None  # nothing to record and no table to publish in yet
@@ -264,8 +267,13 @@ def _flush_batch(
         .repartitionByRange(_tasks(ds, events_arrow.num_rows, 0), "bucket", "canonical_id")
         .sortWithinPartitions("bucket", "canonical_id", "prop", "value", "origin")
     )
-    actions = write_parquet(
-        new, main.uri, options, STATEMENTS_SCHEMA, partition=STATEMENTS_PARTITION
+    actions = write_files(
+        new,
+        main.uri,
+        options,
+        STATEMENTS_SCHEMA,
+        staging_uri=staging_uri,
+        partition=STATEMENTS_PARTITION,
     )
     step("wrote %d new statement files", len(actions))
     faults.point("flush.after_parquet")
@@ -303,7 +311,15 @@ def _flush_batch(
     ).collect()[0]
     step("counted duplicates/tombstones")
     version = rewrite_translog(
-        spark, ds, updates, span, meta, events_arrow.num_rows, fence=fence, publishes=published
+        spark,
+        ds,
+        updates,
+        span,
+        meta,
+        events_arrow.num_rows,
+        fence=fence,
+        publishes=published,
+        staging_uri=staging_uri,
     )
     step("rewrote translog")
     if version is not None:
@@ -349,15 +365,10 @@ def flush(ds: Dataset, *, batch_rows: int | None = None, wait: float | None = No
             result.cleaned["spark_scratch"] = scratch_cleanup()
             rows = batch_rows or ds.settings.flush_batch_rows
             buckets = ds.journal.claimed_buckets(ds.name, flush_id)
-            area = staging.new_area(ds, "flush", flush_id)
-            try:
+            with staging.area(ds, "flush", flush_id) as area:
                 for batch in plan_batches(buckets, rows):
-                    _flush_batch(
-                        spark, ds, batch, flush_id, lock.fence(), result, ds.store.full_uri(area)
-                    )
+                    _flush_batch(spark, ds, batch, flush_id, lock.fence(), result, area)
                     faults.point("flush.after_batch")
-            finally:
-                staging.remove(ds, area)
         ds.core_tags.set(cv.JOURNAL_LAST_FLUSHED, started)
         if result.changed:
             ds.core_tags.touch(cv.STATEMENTS_LAST_UPDATED)

@@ -111,6 +111,17 @@ def bucket_of(canonical_id: str) -> int:
     return zlib.crc32(canonical_id.encode("utf-8")) % BUCKETS
 
 
+def _record_batch(rows: Sequence[Sequence[Any]]) -> pa.RecordBatch:
+    """Rows ``(seq, *COLUMNS)`` from a DB-API cursor as one Arrow batch."""
+    columns = list(zip(*rows, strict=True))
+    external = EVENTS_SCHEMA.get_field_index("external")
+    columns[external] = tuple(bool(v) for v in columns[external])
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, EVENTS_SCHEMA, strict=True)],
+        schema=EVENTS_SCHEMA,
+    )
+
+
 def statement_row(
     stmt: Statement,
     dataset: str,
@@ -354,50 +365,80 @@ class Journal:
             return [(int(b), int(n)) for b, n in conn.execute(q)]
 
     def read_claimed(self, dataset: str, flush_id: str, buckets: Sequence[int]) -> pa.Table:
-        """Claimed rows ``(seq, *COLUMNS)`` of some buckets as Arrow (:data:`EVENTS_SCHEMA`),
-        in (bucket, origin, canonical_id, seq) order.
+        """Claimed rows ``(seq, *COLUMNS)`` of a range of buckets as Arrow
+        (:data:`EVENTS_SCHEMA`), in no particular order (flush reduces them in Spark).
 
-        Flush reads millions of rows: they go into Arrow columns chunk by
-        chunk, so memory holds one chunk of Python rows at a time.
-        (ADBC's SQLite driver would be faster but links a second SQLite into
-        the process, which breaks SQLite's file locking: it was seen reading a
-        stale snapshot of the WAL journal.)
+        Flush reads millions of rows, so this bypasses SQLAlchemy's row
+        objects: PostgreSQL streams them with ``COPY ... TO STDOUT`` into
+        Arrow's CSV reader (no Python row at all); SQLite's cursor hands
+        chunks of tuples that become Arrow columns at once. (ADBC's SQLite
+        driver would avoid even that but links a second SQLite library into
+        the process, which breaks SQLite's file locking: it was seen reading
+        a stale snapshot of the WAL journal.)
         """
-        t = journal_table
-        q = (
-            select(t.c.seq, *[t.c[c] for c in COLUMNS])
-            .where(
-                t.c.dataset == dataset,
-                t.c.flush_id == flush_id,
-                t.c.bucket.in_(list(buckets)),
-            )
-            .order_by(t.c.bucket, t.c.origin, t.c.canonical_id, t.c.seq)
-        )
+        low, high = min(buckets), max(buckets)
+        columns = ", ".join(f'"{c}"' for c in ("seq", *COLUMNS))
+        where = "dataset = {p} AND flush_id = {p} AND bucket BETWEEN {p} AND {p}"
+        if self.dialect == "postgresql":
+            return self._copy_out(columns, where, (dataset, flush_id, low, high))
+        marks = "?" if self.dialect == "sqlite" else "%s"
+        sql = f"SELECT {columns} FROM {journal_table.name} WHERE {where.format(p=marks)}"
         chunks = []
-        external = EVENTS_SCHEMA.get_field_index("external")
         with self.engine.connect() as conn:
-            result = conn.execution_options(stream_results=True, yield_per=50_000).execute(q)
-            # partitions(), not the raw cursor: SQLAlchemy pre-buffers rows
-            # of a streamed result, and reading past it would skip them.
-            for rows in result.partitions():
-                columns = list(zip(*rows, strict=True))
-                columns[external] = tuple(bool(v) for v in columns[external])
-                chunks.append(
-                    pa.RecordBatch.from_arrays(
-                        [
-                            pa.array(c, type=f.type)
-                            for c, f in zip(columns, EVENTS_SCHEMA, strict=True)
-                        ],
-                        schema=EVENTS_SCHEMA,
-                    )
-                )
+            dbapi = conn.connection.dbapi_connection
+            assert dbapi is not None
+            cursor = dbapi.cursor()
+            try:
+                cursor.execute(sql, (dataset, flush_id, low, high))
+                while rows := cursor.fetchmany(65_536):
+                    chunks.append(_record_batch(rows))
+            finally:
+                cursor.close()
         return pa.Table.from_batches(chunks, schema=EVENTS_SCHEMA)
+
+    def _copy_out(self, columns: str, where: str, params: tuple[Any, ...]) -> pa.Table:
+        """PostgreSQL: ``COPY (SELECT ...) TO STDOUT`` as CSV, parsed by Arrow."""
+        import tempfile
+
+        import pyarrow.csv as pacsv
+
+        with self.engine.connect() as conn:
+            dbapi = conn.connection.dbapi_connection
+            assert dbapi is not None
+            cursor = dbapi.cursor()
+            try:
+                query = cursor.mogrify(
+                    f"SELECT {columns} FROM {journal_table.name} WHERE {where.format(p='%s')}",
+                    params,
+                ).decode()
+                # spooled: in memory up to 64 MB, then on disk (bounded memory)
+                with tempfile.SpooledTemporaryFile(max_size=64 * 1024 * 1024) as spool:
+                    cursor.copy_expert(f"COPY ({query}) TO STDOUT WITH (FORMAT csv)", spool)
+                    spool.seek(0)
+                    return pacsv.read_csv(
+                        spool,
+                        read_options=pacsv.ReadOptions(column_names=EVENTS_SCHEMA.names),
+                        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                        convert_options=pacsv.ConvertOptions(
+                            column_types=EVENTS_SCHEMA,
+                            # COPY writes NULL unquoted and '' quoted: keep them apart
+                            null_values=[""],
+                            strings_can_be_null=True,
+                            quoted_strings_can_be_null=False,
+                            true_values=["t"],
+                            false_values=["f"],
+                        ),
+                    )
+            finally:
+                cursor.close()
 
     def release_claimed(self, dataset: str, flush_id: str, buckets: Sequence[int]) -> int:
         """Delete the claimed rows of some buckets: they are in the Delta tables now."""
         t = journal_table
         q = delete(t).where(
-            t.c.dataset == dataset, t.c.flush_id == flush_id, t.c.bucket.in_(list(buckets))
+            t.c.dataset == dataset,
+            t.c.flush_id == flush_id,
+            t.c.bucket.between(min(buckets), max(buckets)),
         )
         with self.engine.begin() as conn:
             return int(conn.execute(q).rowcount or 0)

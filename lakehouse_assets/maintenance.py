@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -21,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets import faults
+from lakehouse_assets import faults, staging
 from lakehouse_assets.delta import DeltaLocation, commit, remove_action
 from lakehouse_assets.exports import live_frame
 from lakehouse_assets.locks import Fence
-from lakehouse_assets.spark.delta_io import read_snapshot, write_parquet
+from lakehouse_assets.spark.delta_io import read_snapshot, write_files
 from lakehouse_assets.spark.session import get_spark
 from lakehouse_assets.tables import (
     STATEMENTS_PARTITION,
@@ -71,11 +72,13 @@ def compact(ds: Dataset, *, wait: float | None = None) -> CompactResult:
     """
     clock = time.monotonic()
     main = ds.statements_table
-    with ds.table_lock("compact", wait=wait) as lock:
+    with ds.table_lock("compact", wait=wait) as lock, ExitStack() as stack:
         # under the lock the latest versions hold everything committed
         current = DatasetSnapshot(Snapshot.load(main), Snapshot.load(ds.translog_table))
         if current.statements.version is None:
             return CompactResult(0, 0, None, time.monotonic() - clock)
+        staging.clean_stale(ds, "compact")
+        area = stack.enter_context(staging.area(ds, "compact"))
         spark = get_spark(ds.settings)
         partitions = max(1, ds.settings.spark_shuffle_partitions)
         live = (
@@ -83,8 +86,13 @@ def compact(ds: Dataset, *, wait: float | None = None) -> CompactResult:
             .repartitionByRange(partitions, "bucket", "canonical_id")
             .sortWithinPartitions(*STATEMENTS_ORDER)
         )
-        actions = write_parquet(
-            live, main.uri, main.storage_options, STATEMENTS_SCHEMA, partition=STATEMENTS_PARTITION
+        actions = write_files(
+            live,
+            main.uri,
+            main.storage_options,
+            STATEMENTS_SCHEMA,
+            staging_uri=area,
+            partition=STATEMENTS_PARTITION,
         )
         faults.point("compact.after_parquet")
         version = commit(
@@ -98,14 +106,19 @@ def compact(ds: Dataset, *, wait: float | None = None) -> CompactResult:
             read_version=current.statements.version,
         )
         faults.point("compact.after_statements_commit")
-        removed = _drop_deleted_translog(spark, ds, current.translog, lock.fence(), version)
+        removed = _drop_deleted_translog(spark, ds, current.translog, lock.fence(), version, area)
         faults.point("compact.after_translog_commit")
         live_rows = sum(_records(a.stats) for a in actions)
     return CompactResult(live_rows, removed, version, time.monotonic() - clock)
 
 
 def _drop_deleted_translog(
-    spark: SparkSession, ds: Dataset, snapshot: Snapshot, fence: Fence, publishes: int
+    spark: SparkSession,
+    ds: Dataset,
+    snapshot: Snapshot,
+    fence: Fence,
+    publishes: int,
+    staging_uri: str,
 ) -> int:
     """Rewrite the translog without deleted rows, publishing the compacted main table."""
     from pyspark.sql import functions as F
@@ -125,7 +138,9 @@ def _drop_deleted_translog(
         .repartitionByRange(max(1, ds.settings.spark_shuffle_partitions // 4), "bucket")
         .sortWithinPartitions("bucket", "origin", "id")
     )
-    adds = write_parquet(live, location.uri, location.storage_options, TRANSLOG_SCHEMA)
+    adds = write_files(
+        live, location.uri, location.storage_options, TRANSLOG_SCHEMA, staging_uri=staging_uri
+    )
     commit(
         location,
         adds,
@@ -191,6 +206,7 @@ def _optimize_table(
     order: Sequence[str],
     target_size: int,
     fence: Fence,
+    staging_uri: str,
     publishes: int | None = None,
 ) -> tuple[int, int, int | None]:
     """Rewrite a table's small files as few large ones, sorted for point reads.
@@ -213,11 +229,12 @@ def _optimize_table(
     ordered = rows.repartitionByRange(
         max(1, -(-total // target_size)), *order
     ).sortWithinPartitions(*order)
-    adds = write_parquet(
+    adds = write_files(
         ordered,
         location.uri,
         location.storage_options,
         schema,
+        staging_uri=staging_uri,
         partition=partition,
         prefix="optimized",
         data_change=False,
@@ -267,7 +284,9 @@ def optimize(
     clock = time.monotonic()
     removed = added = vacuumed = 0
     target = target_size or SMALL_FILE_BYTES
-    with ds.table_lock("optimize", wait=wait) as lock:
+    with ds.table_lock("optimize", wait=wait) as lock, ExitStack() as stack:
+        staging.clean_stale(ds, "optimize")
+        area = stack.enter_context(staging.area(ds, "optimize"))
         spark = None
         published: int | None = None
         main = ds.statements_table
@@ -282,6 +301,7 @@ def optimize(
                 STATEMENTS_ORDER,
                 target,
                 lock.fence(),
+                area,
             )
             removed += r
             added += a
@@ -298,6 +318,7 @@ def optimize(
                 ("bucket", "origin", "id"),
                 target,
                 lock.fence(),
+                area,
                 publishes=published,
             )
             removed += r

@@ -19,6 +19,8 @@ import contextlib
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -56,6 +58,16 @@ def new_area(ds: Dataset, operation: str, run_id: str | None = None) -> str:
     """The lake path of a fresh staging area for one run of ``operation``."""
     name = f"{cv.job_type(operation)}-{run_id or uuid.uuid4().hex}"
     return cv.dataset_path(ds.name, cv.STAGING, name)
+
+
+@contextmanager
+def area(ds: Dataset, operation: str, run_id: str | None = None) -> Iterator[str]:
+    """A fresh staging area for one run (its full URI), removed when the block ends."""
+    rel = new_area(ds, operation, run_id)
+    try:
+        yield ds.store.full_uri(rel)
+    finally:
+        remove(ds, rel)
 
 
 def remove(ds: Dataset, rel: str) -> Cleaned:

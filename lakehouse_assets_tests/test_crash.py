@@ -144,7 +144,8 @@ def test_a_killed_flush_leaves_nothing_the_next_one_does_not_remove(tmp_path: Pa
     ds = prepare(lake)
     tmpdir, cache = tmp_path / "tmp", tmp_path / "cache"
     tmpdir.mkdir()
-    env = {"TMPDIR": str(tmpdir), "LAKEHOUSE_CACHE_DIR": str(cache)}
+    # in-process Spark in the children: a killed JVM's folders are the point here
+    env = {"TMPDIR": str(tmpdir), "LAKEHOUSE_CACHE_DIR": str(cache), "LAKEHOUSE_SPARK_REMOTE": ""}
     run_killed(lake, ds.name, "flush.after_parquet", "flush", "25", env=env)
     staged = [p for p in lake.store.list(cv.dataset_path(ds.name, cv.STAGING))]
     assert staged, "the killed flush staged its journal rows in the lake"

@@ -24,6 +24,9 @@ from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.query import ftm_dataset
 from lakehouse_assets_tests.conftest import SHARED_DATA, sample_entities
 
+#: the data-plane group: ``make test`` runs it with Spark Connect and in process
+pytestmark = pytest.mark.spark_modes
+
 SORT = ("canonical_id", "prop", "value", "origin", "id")
 
 

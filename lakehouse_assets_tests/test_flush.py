@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import duckdb
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 
 from lakehouse_assets import conventions as cv
@@ -16,6 +17,9 @@ from lakehouse_assets.tables import (
     read_files,
 )
 from lakehouse_assets_tests.conftest import sample_entities
+
+#: the data-plane group: ``make test`` runs it with Spark Connect and in process
+pytestmark = pytest.mark.spark_modes
 
 
 def table_rows(ds, which: str = "statements") -> list[dict[str, object]]:  # type: ignore[no-untyped-def]

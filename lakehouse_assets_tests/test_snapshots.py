@@ -7,10 +7,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from lakehouse_assets import faults
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.query import live_statements
 from lakehouse_assets_tests.conftest import sample_entities
+
+#: the data-plane group: ``make test`` runs it with Spark Connect and in process
+pytestmark = pytest.mark.spark_modes
 
 ENTITIES = sample_entities()
 

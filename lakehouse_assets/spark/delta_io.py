@@ -7,12 +7,17 @@ therefore go through pyarrow inside Spark's Python workers:
   per Parquet file of a snapshot (the list comes from the Delta log through
   delta-rs), read with pyarrow from a local disk or S3, with the partition
   column filled from the log rather than from directory names.
-- :func:`write_parquet` runs ``mapInArrow`` over a DataFrame: every task
-  writes its rows as Parquet files (one per partition value) straight into
-  the table folder and returns the file names, sizes, partition values and
-  footer statistics. The driver then commits them in one delta-rs
-  transaction. Files a crashed run wrote but never committed are invisible
-  to readers and removed by ``vacuum``.
+- :func:`write_files` writes a DataFrame as the Parquet files of a table and
+  returns their AddActions; the driver then commits them in one delta-rs
+  transaction. Where Spark reaches the lake's filesystem (a local folder) it
+  is Spark's own writer (in the JVM: no Python worker touches a row) into
+  the run's staging area, the files then moved into the table folder;
+  otherwise (S3 without ``s3a``) :func:`write_parquet` runs ``mapInArrow``:
+  every task writes its rows with pyarrow straight into the table folder.
+  Both write Parquet bloom filters on the lookup columns and take the
+  statistics from the footers. Files a crashed run wrote but never
+  committed are invisible to readers and removed by ``vacuum`` (or, in
+  staging, by the next run).
 
 Both work the same on ``local[*]`` and on a cluster whose executors can reach
 the lake.
@@ -21,9 +26,15 @@ the lake.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,6 +51,12 @@ if TYPE_CHECKING:
 
 #: Row groups of this many rows keep point lookups (get entity) cheap.
 ROW_GROUP_SIZE = 16_384
+#: The same for Spark's writer, which sizes row groups in bytes (~16k statements).
+ROW_GROUP_BYTES = 2 * 1024 * 1024
+#: Columns that point reads look up: Parquet bloom filters let a reader skip
+#: row groups whose min/max range contains the value but whose rows do not.
+BLOOM_COLUMNS = ("canonical_id", "id")
+BLOOM_FPP = 0.01
 
 SOURCE_NAME = "lakehouse_snapshot"
 
@@ -227,6 +244,107 @@ def _read_local(
 WRITE_RESULT = "path string, size long, partition string, stats string, rows long"
 
 
+def write_files(
+    df: DataFrame,
+    table_uri: str,
+    storage_options: Mapping[str, str],
+    schema: pa.Schema,
+    *,
+    staging_uri: str,
+    partition: str | None = None,
+    prefix: str = "part",
+    data_change: bool = True,
+) -> list[AddAction]:
+    """Write ``df`` as Parquet files of the table at ``table_uri``; return AddActions.
+
+    ``df`` should already be ordered as the files should be. Spark's own
+    writer where it can reach the table's folder (a local lake), the
+    pyarrow-in-task writer otherwise. Nothing is committed here.
+    """
+    if "://" in table_uri:
+        return write_parquet(
+            df,
+            table_uri,
+            storage_options,
+            schema,
+            partition=partition,
+            prefix=prefix,
+            data_change=data_change,
+        )
+    return _write_native(
+        df,
+        table_uri,
+        schema,
+        staging_uri=staging_uri,
+        partition=partition,
+        prefix=prefix,
+        data_change=data_change,
+    )
+
+
+def _write_native(
+    df: DataFrame,
+    table_uri: str,
+    schema: pa.Schema,
+    *,
+    staging_uri: str,
+    partition: str | None,
+    prefix: str,
+    data_change: bool,
+) -> list[AddAction]:
+    """Spark's Parquet writer into a staging folder, then each file moved into the table.
+
+    Spark names partition folders with its own escaping and re-uses file
+    names across folders: files get unique names, partition values come from
+    Spark's folder names (unescaped) and go into the Delta log, where readers
+    take them from.
+    """
+    from pyspark.sql import functions as F
+
+    stage = Path(staging_uri.removeprefix("file://")) / f"write-{uuid.uuid4().hex}"
+    columns = [F.col(f.name).cast(_spark_type(f.type)).alias(f.name) for f in schema]
+    writer = df.select(*columns).write.mode("error").option("compression", "zstd")
+    writer = writer.option("parquet.block.size", str(ROW_GROUP_BYTES))
+    for column in BLOOM_COLUMNS:
+        if column in schema.names and column != partition:
+            writer = writer.option(f"parquet.bloom.filter.enabled#{column}", "true")
+            writer = writer.option(f"parquet.bloom.filter.expected.ndv#{column}", "20000")
+            writer = writer.option(f"parquet.bloom.filter.fpp#{column}", str(BLOOM_FPP))
+    if partition is not None:
+        writer = writer.partitionBy(partition)
+    writer.parquet(str(stage))
+    root = Path(table_uri.removeprefix("file://"))
+    now = int(time.time() * 1000)
+    actions = []
+    for folder, _dirs, files in os.walk(stage):
+        for name in sorted(files):
+            if not name.endswith(".parquet"):
+                continue
+            source = Path(folder) / name
+            meta = pq.read_metadata(source)
+            if meta.num_rows == 0:
+                continue
+            values: dict[str, str | None] = {}
+            target_folder = ""
+            if partition is not None:
+                key, _, raw = Path(folder).relative_to(stage).parts[0].partition("=")
+                assert key == partition
+                value = None if raw == "__HIVE_DEFAULT_PARTITION__" else unquote(raw)
+                values[partition] = value
+                target_folder = f"{partition}={partition_dir(value or '')}/"
+            rel = f"{target_folder}{unique_file_name(prefix)}"
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(source, root / rel)
+            size = (root / rel).stat().st_size
+            actions.append(AddAction(rel, size, values, now, data_change, file_stats(meta)))
+    shutil.rmtree(stage, ignore_errors=True)
+    return actions
+
+
+def _spark_type(arrow_type: pa.DataType) -> str:
+    return {"int32": "int", "int64": "bigint", "bool": "boolean"}.get(str(arrow_type), "string")
+
+
 def write_parquet(
     df: DataFrame,
     table_uri: str,
@@ -258,7 +376,15 @@ def write_parquet(
                 collector: list[pq.FileMetaData] = []
                 sink = fs.open_output_stream(f"{root}/{rel}")
                 writer = pq.ParquetWriter(
-                    sink, stored_schema, compression="zstd", metadata_collector=collector
+                    sink,
+                    stored_schema,
+                    compression="zstd",
+                    metadata_collector=collector,
+                    bloom_filter_options={
+                        c: {"ndv": ROW_GROUP_SIZE, "fpp": BLOOM_FPP}
+                        for c in BLOOM_COLUMNS
+                        if c in stored_schema.names
+                    },
                 )
                 writers[value] = _PartWriter(rel, sink, writer, collector)
             return writers[value]
@@ -307,11 +433,11 @@ def write_parquet(
     actions = []
     for row in results:
         values = {partition: row["partition"]} if partition else {}
-        actions.append(AddAction(row["path"], row["size"], values, _now_ms(), True, row["stats"]))
+        actions.append(
+            AddAction(row["path"], row["size"], values, _now_ms(), data_change, row["stats"])
+        )
     return actions
 
 
 def _now_ms() -> int:
-    import time
-
     return int(time.time() * 1000)

@@ -100,12 +100,24 @@ def get_spark(settings: Settings | None = None) -> SparkSession:
     server; otherwise an in-process ``local[*]`` session.
     """
     settings = settings or Settings()
-    key = settings.spark_remote or "local"
+    # the environment wins over a settings object made before it was set
+    remote = os.environ.get("LAKEHOUSE_SPARK_REMOTE") or settings.spark_remote
+    if remote != settings.spark_remote:
+        settings = settings.model_copy(update={"spark_remote": remote})
+    key = remote or "local"
     with _lock:
         session = _sessions.get(key)
         if session is not None and _usable(session):
             return session
-        session = _connect(settings) if settings.spark_remote else _start_local(settings)
+        other = [k for k, s in _sessions.items() if k != key and _usable(s)]
+        if other:
+            # pyspark decides per process whether its functions build Connect or
+            # classic expressions: the two cannot be mixed in one process
+            raise ConfigurationError(
+                f"this process already runs Spark {'in process' if other[0] == 'local' else 'at ' + other[0]}; "
+                "one process cannot use both Spark Connect and an in-process Spark"
+            )
+        session = _connect(settings) if remote else _start_local(settings)
         _sessions[key] = session
         return session
 
@@ -145,14 +157,24 @@ def _start_local(settings: Settings) -> SparkSession:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if settings.spark_master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
 
     _cleaned = clean_stale_scratch(settings)
     atexit.register(_leave, scratch_dir(settings))
+    # pyspark marks a process that made a Connect session in os.environ, and
+    # children inherit the mark; this process has none (get_spark checked)
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     builder = SparkSession.builder
     for key, value in spark_conf(settings).items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    try:
+        session = builder.getOrCreate()
+    except PySparkRuntimeError as exc:
+        # the JVM launcher, forked while other threads run, can fail once
+        if "JAVA_GATEWAY_EXITED" not in str(exc):
+            raise
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
 
