@@ -168,8 +168,13 @@ import ftm_lakehouse, ftmq.io  # noqa
 # --- processes ----------------------------------------------------------------------
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live processes of the process group ``pgid`` (from /proc)."""
+def session_members(sid: int) -> list[int]:
+    """Live processes of the session ``sid`` (from /proc).
+
+    Every child runs in a session of its own, so this finds all it started,
+    also processes that moved to a process group of their own (pyspark's
+    worker daemons do) or lost their parent.
+    """
     members = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -179,30 +184,33 @@ def group_members(pgid: int) -> list[int]:
                 fields = fh.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
+        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
             members.append(int(entry))
     return members
 
 
-def kill_group(pgid: int, grace: float = 5.0) -> None:
-    """SIGTERM the process group we started, SIGKILL what is left after ``grace`` s."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGTERM)
+def signal_session(sid: int, signum: int) -> None:
+    for pid in session_members(sid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def kill_session(sid: int, grace: float = 5.0) -> None:
+    """SIGTERM the session we started, SIGKILL what is left after ``grace`` s."""
+    signal_session(sid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while group_members(pgid) and time.monotonic() < deadline:
+    while session_members(sid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+    signal_session(sid, signal.SIGKILL)
 
 
-def reap_group(pgid: int, grace: float = 15.0) -> int:
-    """Wait for a finished child's group to empty; SIGKILL stragglers. Returns their count."""
+def reap_session(sid: int, grace: float = 15.0) -> int:
+    """Wait for a finished child's session to empty; SIGKILL stragglers. Returns their count."""
     deadline = time.monotonic() + grace
-    while (left := group_members(pgid)) and time.monotonic() < deadline:
+    while (left := session_members(sid)) and time.monotonic() < deadline:
         time.sleep(0.1)
     if left:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
+        signal_session(sid, signal.SIGKILL)
     return len(left)
 
 
@@ -266,7 +274,7 @@ def run(
     watch: Sequence[int] = (),
     timeout: float | None = None,
 ) -> Run:
-    """Run ``command`` in its own process group, timing it and sampling its memory."""
+    """Run ``command`` in a session of its own, timing it and sampling its memory."""
     logs.mkdir(parents=True, exist_ok=True)
     stdout, stderr = logs / f"{name}.out", logs / f"{name}.err"
     timed_out = False
@@ -288,16 +296,16 @@ def run(
                 returncode = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                kill_group(proc.pid)
+                kill_session(proc.pid)
                 returncode = proc.wait()
             seconds = time.perf_counter() - clock
         except BaseException:  # Ctrl-C, SIGTERM: leave nothing running
-            kill_group(proc.pid)
+            kill_session(proc.pid)
             proc.wait()
             raise
         finally:
             sampler.stop()
-    stragglers = reap_group(proc.pid)
+    stragglers = reap_session(proc.pid)
     if timed_out:
         with stderr.open("a") as fh:
             fh.write(f"\n[peer.py] killed after the step timeout of {timeout} s\n")
@@ -550,9 +558,9 @@ class SparkServer:
                 name="spark-stop",
                 timeout=90,
             )
-        if self.pid is not None and group_members(self.pid):
+        if self.pid is not None and session_members(self.pid):
             say(f"the Spark Connect server (pid {self.pid}) outlived `spark stop`: killing it")
-            kill_group(self.pid)  # it runs in its own session: its group id is its pid
+            kill_session(self.pid)  # it runs in a session of its own, led by its pid
 
 
 # --- one comparison -----------------------------------------------------------------------
@@ -672,7 +680,8 @@ def run_round(
                 result.failures.append(
                     f"round {number} {name} {step}: exit {done.returncode}"
                     + (" (timed out)" if done.timed_out else "")
-                    + f"; stderr tail ({done.stderr}):\n{done.stderr_tail()}"
+                    + f"; stderr tail ({done.stderr.relative_to(root.parent)}):\n"
+                    + done.stderr_tail()
                 )
             elif problem:
                 result.failures.append(f"round {number} {name} {step}: {problem}")
@@ -715,18 +724,19 @@ def figure_of(step: str, key: str) -> Figure:
     return figure
 
 
-def rows() -> Iterator[tuple[str, str, Figure]]:
-    """(label, format, figure) of each line of the table."""
+def rows() -> Iterator[tuple[str, str, Figure, tuple[str, ...]]]:
+    """(label, format, figure, steps it needs) of each line of the table."""
     for step in STEPS:
-        yield f"{STEP_LABELS[step]} [s]", "{:.2f}", seconds_of(step)
-    yield "= flush + all exports [s]  (target)", "{:.2f}", seconds_of("flush", "exports")
-    yield "= all six steps [s]", "{:.2f}", seconds_of(*STEPS)
-    yield "get: median per get [ms]", "{:.1f}", figure_of("get", "median_ms")
-    yield "get: p95 per get [ms]", "{:.1f}", figure_of("get", "p95_ms")
-    yield "get: first get [ms]", "{:.1f}", figure_of("get", "first_ms")
-    yield "query: entities found", "{:.0f}", figure_of("query", "count")
+        yield f"{STEP_LABELS[step]} [s]", "{:.2f}", seconds_of(step), (step,)
+    target = ("flush", "exports")
+    yield "= flush + all exports [s]  (target)", "{:.2f}", seconds_of(*target), target
+    yield "= all steps [s]", "{:.2f}", seconds_of(*STEPS), STEPS
+    yield "get: median per get [ms]", "{:.1f}", figure_of("get", "median_ms"), ("get",)
+    yield "get: p95 per get [ms]", "{:.1f}", figure_of("get", "p95_ms"), ("get",)
+    yield "get: first get [ms]", "{:.1f}", figure_of("get", "first_ms"), ("get",)
+    yield "query: entities found", "{:.0f}", figure_of("query", "count"), ("query",)
     for step in STEPS:
-        yield f"peak RSS {STEP_LABELS[step]} [MiB]", "{:.0f}", memory_of(step)
+        yield f"peak RSS {STEP_LABELS[step]} [MiB]", "{:.0f}", memory_of(step), (step,)
 
 
 def median(values: Sequence[float | None]) -> float | None:
@@ -742,6 +752,7 @@ def report(
     warm: bool,
     server: SparkServer | None,
     load: tuple[float, float, float],
+    logs: str,
 ) -> bool:
     """Print the table; returns False if the entity counts of the exports differ."""
     mode = "warm (ours on a Spark Connect server)" if warm else "cold (each process its own Spark)"
@@ -759,12 +770,24 @@ def report(
     print()
     print(f"{'step':<{width}} | {'peer':>10} | {'ours':>10} | ratio (ours/peer)")
     print(f"{'-' * width}-+-{'-' * 10}-+-{'-' * 10}-+-{'-' * 17}")
-    for label, fmt, figure in rows():
-        values = {name: median([figure(r.steps.get(name, {})) for r in rounds]) for name in SYSTEMS}
-        cells = {n: "FAILED" if v is None else fmt.format(v) for n, v in values.items()}
+    partial = False
+    for label, fmt, figure, steps in rows():
+        values: dict[str, float | None] = {}
+        cells: dict[str, str] = {}
+        for name in SYSTEMS:
+            results = [r.steps.get(name, {}) for r in rounds]
+            failed = sum(any(s in res and not res[s].run.ok for s in steps) for res in results)
+            value = values[name] = median([figure(res) for res in results])
+            if value is None:
+                cells[name] = "FAILED" if failed else "-"
+            else:
+                cells[name] = fmt.format(value) + ("*" if failed else "")
+                partial = partial or bool(failed)
         p, o = values[PEER], values[OURS]
         ratio = f"{o / p:.2f}" if p and o is not None else "-"
         print(f"{label:<{width}} | {cells[PEER]:>10} | {cells[OURS]:>10} | {ratio}")
+    if partial:
+        print("* the median of the rounds in which the step did not fail")
     print()
     if warm:
         print(
@@ -794,7 +817,7 @@ def report(
     failures = [f for r in rounds for f in r.failures]
     if failures:
         print()
-        print(f"{len(failures)} failure(s):")
+        print(f"{len(failures)} failure(s) ({logs}):")
         for failure in failures:
             print("--- " + failure.rstrip())
     return same
@@ -907,6 +930,7 @@ def main() -> None:
             warm=args.warm,
             server=server,
             load=load,
+            logs=f"logs in {work}" if args.keep else "logs removed: rerun with --keep to see them",
         )
         print(f"load at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:

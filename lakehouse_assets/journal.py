@@ -5,14 +5,20 @@ tables. The journal is append-only: a write is a row, a delete is a row with
 ``deleted_at`` set (a tombstone), and ``seq`` keeps insert order so that the
 last event for a statement wins when it is flushed.
 
-Hand-off to a flush is by *claim*: the flush stamps its ``flush_id`` on the
-rows committed at that moment, reads and commits exactly those, and deletes
-exactly those. ``seq`` is no bound for that: PostgreSQL hands out sequence
-numbers at insert time, not commit time (a bulk opened earlier commits rows
-with lower numbers later), and SQLite re-uses the row ids a clear freed.
-Rows committed after the claim keep ``flush_id`` NULL and wait for the next
-flush; rows of a flush that died keep its id and are claimed again by the
-next one (flushes of a dataset are serialised by the dataset lock).
+Hand-off to a flush is by *claim* (:class:`Claim`): the flush fixes the set
+of rows committed at that moment, reads and commits exactly those, and
+deletes exactly those; rows committed later wait for the next flush, and
+the rows of a flush that died are claimed again by the next one (flushes of
+a dataset are serialised by the dataset lock).
+
+* PostgreSQL hands out sequence numbers at insert time, not commit time (a
+  bulk opened earlier commits rows with lower numbers later), so no bound on
+  ``seq`` can say what was committed: the flush stamps its ``flush_id`` on
+  the rows visible to it (one UPDATE) and works on those.
+* SQLite has one writer at a time and the table is ``AUTOINCREMENT`` (row ids
+  are never re-used, not even after a clear), so every row committed after
+  the flush read ``max(seq)`` has a larger ``seq``: the bound is the claim,
+  and costs nothing.
 
 SQLite (a file, WAL mode, ``synchronous=FULL``) is the embedded default;
 PostgreSQL is used when the URL says so. One table serves all datasets of a
@@ -22,11 +28,14 @@ read a bounded slice of entities at a time.
 
 from __future__ import annotations
 
+import io
 import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -84,6 +93,8 @@ journal_table = Table(
     # the flush that claimed the row (NULL: not claimed yet)
     Column("flush_id", String(32)),
     Index("ix_lakehouse_journal_dataset_bucket", "dataset", "bucket"),
+    # SQLite: row ids are never re-used (the claim of a flush relies on it)
+    sqlite_autoincrement=True,
 )
 
 #: Columns the journal keeps for itself, not part of a written row.
@@ -106,9 +117,75 @@ EVENTS_SCHEMA = pa.schema(
 )
 
 
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_field(value: Any) -> str:
+    if value is None:
+        return "\\N"
+    if value is True or value is False:
+        return "t" if value else "f"
+    return str(value).translate(_COPY_ESCAPES)
+
+
+def _copy_line(row: Row) -> str:
+    """One row in PostgreSQL's COPY text format (tab separated, ``\\N`` for NULL)."""
+    return "\t".join(_copy_field(v) for v in row) + "\n"
+
+
 def bucket_of(canonical_id: str) -> int:
     """The flush bucket of an entity (stable across processes and hosts)."""
     return zlib.crc32(canonical_id.encode("utf-8")) % BUCKETS
+
+
+def read_sqlite_natively(path: str, claim: Claim, low: int, high: int) -> pa.Table:
+    """Claimed rows of buckets ``low..high`` of a SQLite journal, read by DuckDB's
+    SQLite reader straight into Arrow (several times faster than Python rows).
+
+    DuckDB brings its own SQLite library. POSIX file locks belong to a process,
+    and closing one library's handle on a file drops the other library's locks
+    on it (WAL's shared-memory locks included): call this only in a process
+    that holds no other SQLite connection to the journal — Spark's Python
+    workers, where the journal data source is the only one that opens it.
+    """
+    import duckdb
+    import duckdb_extension_sqlite_scanner as scanner
+
+    extension = (
+        Path(scanner.__file__).parent
+        / "extensions"
+        / f"v{duckdb.__version__}"
+        / "sqlite_scanner.duckdb_extension"
+    )
+    columns = ", ".join(
+        f'CAST("{f.name}" AS {"INTEGER" if f.name == "bucket" else "BOOLEAN"}) AS "{f.name}"'
+        if f.name in ("bucket", "external")
+        else f'"{f.name}"'
+        for f in EVENTS_SCHEMA
+    )
+    if claim.bound is not None:
+        where, params = "dataset = ? AND seq <= ?", [claim.dataset, claim.bound]
+    else:
+        where, params = "dataset = ? AND flush_id = ?", [claim.dataset, claim.flush_id]
+    with duckdb.connect(config={"threads": 1}) as con:
+        con.execute(f"LOAD '{extension}'")
+        quoted = path.replace("'", "''")  # ATTACH takes no parameters
+        con.execute(f"ATTACH '{quoted}' AS journal (TYPE sqlite, READ_ONLY)")
+        table = con.execute(
+            f"SELECT {columns} FROM journal.{journal_table.name} "
+            f"WHERE {where} AND bucket BETWEEN ? AND ?",
+            [*params, low, high],
+        ).to_arrow_table()
+    return table.cast(EVENTS_SCHEMA)
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a ``sqlite:///...`` journal URL (None for other databases)."""
+    if not url.startswith("sqlite"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).database or None
 
 
 def _record_batch(rows: Sequence[Sequence[Any]]) -> pa.RecordBatch:
@@ -187,6 +264,16 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The rows one flush works on: those stamped with its ``flush_id``
+    (PostgreSQL), or those up to ``bound`` in ``seq`` (SQLite)."""
+
+    dataset: str
+    flush_id: str
+    bound: int | None
+
+
 class Journal:
     """The SQL buffer of one lake (all datasets, one table)."""
 
@@ -234,6 +321,27 @@ class Journal:
                 conn.exec_driver_sql(
                     f"ALTER TABLE {journal_table.name} ADD COLUMN flush_id VARCHAR(32)"
                 )
+        if self.dialect == "sqlite":
+            self._migrate_autoincrement()
+
+    def _migrate_autoincrement(self) -> None:
+        """Rebuild an old SQLite journal as AUTOINCREMENT (rows and their seq kept)."""
+        name = journal_table.name
+        with self.engine.begin() as conn:
+            sql = conn.exec_driver_sql(
+                "SELECT sql FROM sqlite_master WHERE type='table' AND name=?", (name,)
+            ).scalar()
+            if sql is None or "AUTOINCREMENT" in str(sql).upper():
+                return
+            columns = ", ".join(f'"{c.name}"' for c in journal_table.columns)
+            conn.exec_driver_sql(f"ALTER TABLE {name} RENAME TO {name}_old")
+            for index in journal_table.indexes:
+                conn.exec_driver_sql(f"DROP INDEX IF EXISTS {index.name}")
+            metadata.create_all(conn, tables=[journal_table])
+            conn.exec_driver_sql(
+                f"INSERT INTO {name} ({columns}) SELECT {columns} FROM {name}_old ORDER BY seq"
+            )
+            conn.exec_driver_sql(f"DROP TABLE {name}_old")
 
     # --- writing --------------------------------------------------------
 
@@ -248,18 +356,16 @@ class Journal:
                 f"INSERT INTO {journal_table.name} ({cols}) VALUES ({marks})", list(rows)
             )
         elif self.dialect == "postgresql":
-            from psycopg2.extras import execute_values
-
+            # COPY: one round trip per batch and no per-row statement parsing
+            # (about 6x INSERT ... VALUES pages)
             cols = ", ".join(f'"{c}"' for c in COLUMNS)
             dbapi = conn.connection.dbapi_connection
             assert dbapi is not None
             cur = dbapi.cursor()
             try:
-                execute_values(
-                    cur,
-                    f"INSERT INTO {journal_table.name} ({cols}) VALUES %s",
-                    rows,
-                    page_size=5000,
+                cur.copy_expert(
+                    f"COPY {journal_table.name} ({cols}) FROM STDIN",
+                    io.StringIO("".join(_copy_line(r) for r in rows)),
                 )
             finally:
                 cur.close()
@@ -340,33 +446,44 @@ class Journal:
 
     # --- the hand-off to a flush ------------------------------------------
 
-    def claim(self, dataset: str, flush_id: str) -> int:
-        """Stamp ``flush_id`` on every row of the dataset committed by now.
+    def claim(self, dataset: str, flush_id: str) -> Claim:
+        """Fix the rows of the dataset committed by now as this flush's (see module doc).
 
-        The caller holds the dataset's lock, so any other flush id on a row is
-        that of a flush that died: its rows are claimed again. Returns how
-        many rows were claimed.
+        The caller holds the dataset's lock, so rows a dead flush had claimed
+        are claimed again.
         """
         t = journal_table
-        q = update(t).where(t.c.dataset == dataset).values(flush_id=flush_id)
+        if self.dialect == "sqlite":
+            q = select(func.max(t.c.seq)).where(t.c.dataset == dataset)
+            with self.engine.connect() as conn:
+                bound = conn.execute(q).scalar()
+            return Claim(dataset, flush_id, int(bound) if bound is not None else 0)
+        stamp = update(t).where(t.c.dataset == dataset).values(flush_id=flush_id)
         with self.engine.begin() as conn:
-            return int(conn.execute(q).rowcount or 0)
+            conn.execute(stamp)
+        return Claim(dataset, flush_id, None)
 
-    def claimed_buckets(self, dataset: str, flush_id: str) -> list[tuple[int, int]]:
-        """(bucket, row count) of the rows a flush claimed."""
+    def _claimed(self, claim: Claim) -> Any:
+        t = journal_table
+        if claim.bound is not None:
+            return (t.c.dataset == claim.dataset) & (t.c.seq <= claim.bound)
+        return (t.c.dataset == claim.dataset) & (t.c.flush_id == claim.flush_id)
+
+    def claimed_buckets(self, claim: Claim) -> list[tuple[int, int]]:
+        """(bucket, row count) of the claimed rows."""
         t = journal_table
         q = (
             select(t.c.bucket, func.count())
-            .where(t.c.dataset == dataset, t.c.flush_id == flush_id)
+            .where(self._claimed(claim))
             .group_by(t.c.bucket)
             .order_by(t.c.bucket)
         )
         with self.engine.connect() as conn:
             return [(int(b), int(n)) for b, n in conn.execute(q)]
 
-    def read_claimed(self, dataset: str, flush_id: str, buckets: Sequence[int]) -> pa.Table:
+    def read_claimed(self, claim: Claim, buckets: Sequence[int]) -> pa.Table:
         """Claimed rows ``(seq, *COLUMNS)`` of a range of buckets as Arrow
-        (:data:`EVENTS_SCHEMA`), in no particular order (flush reduces them in Spark).
+        (:data:`EVENTS_SCHEMA`), in no particular order (flush reduces them).
 
         Flush reads millions of rows, so this bypasses SQLAlchemy's row
         objects: PostgreSQL streams them with ``COPY ... TO STDOUT`` into
@@ -378,9 +495,14 @@ class Journal:
         """
         low, high = min(buckets), max(buckets)
         columns = ", ".join(f'"{c}"' for c in ("seq", *COLUMNS))
-        where = "dataset = {p} AND flush_id = {p} AND bucket BETWEEN {p} AND {p}"
+        if claim.bound is not None:
+            where = "dataset = {p} AND seq <= {p} AND bucket BETWEEN {p} AND {p}"
+            params: tuple[Any, ...] = (claim.dataset, claim.bound, low, high)
+        else:
+            where = "dataset = {p} AND flush_id = {p} AND bucket BETWEEN {p} AND {p}"
+            params = (claim.dataset, claim.flush_id, low, high)
         if self.dialect == "postgresql":
-            return self._copy_out(columns, where, (dataset, flush_id, low, high))
+            return self._copy_out(columns, where, params)
         marks = "?" if self.dialect == "sqlite" else "%s"
         sql = f"SELECT {columns} FROM {journal_table.name} WHERE {where.format(p=marks)}"
         chunks = []
@@ -389,7 +511,7 @@ class Journal:
             assert dbapi is not None
             cursor = dbapi.cursor()
             try:
-                cursor.execute(sql, (dataset, flush_id, low, high))
+                cursor.execute(sql, params)
                 while rows := cursor.fetchmany(65_536):
                     chunks.append(_record_batch(rows))
             finally:
@@ -432,14 +554,10 @@ class Journal:
             finally:
                 cursor.close()
 
-    def release_claimed(self, dataset: str, flush_id: str, buckets: Sequence[int]) -> int:
+    def release_claimed(self, claim: Claim, buckets: Sequence[int]) -> int:
         """Delete the claimed rows of some buckets: they are in the Delta tables now."""
         t = journal_table
-        q = delete(t).where(
-            t.c.dataset == dataset,
-            t.c.flush_id == flush_id,
-            t.c.bucket.between(min(buckets), max(buckets)),
-        )
+        q = delete(t).where(self._claimed(claim), t.c.bucket.between(min(buckets), max(buckets)))
         with self.engine.begin() as conn:
             return int(conn.execute(q).rowcount or 0)
 

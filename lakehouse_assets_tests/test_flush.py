@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import duckdb
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.flush import needs_flush, plan_batches
@@ -35,6 +39,9 @@ def test_plan_batches_groups_buckets_up_to_the_row_budget() -> None:
     assert plan_batches([(0, 5), (1, 5), (2, 5), (7, 20)], 10) == [[0, 1], [2], [7]]
     assert plan_batches([], 10) == []
     assert plan_batches([(3, 50)], 10) == [[3]]  # a bucket never splits
+    # a remainder under a quarter of a batch joins the one before
+    assert plan_batches([(0, 10), (1, 10), (2, 2)], 20) == [[0, 1, 2]]
+    assert plan_batches([(0, 10), (1, 10), (2, 5)], 20) == [[0, 1], [2]]
 
 
 def test_flush_new_duplicate_and_tombstone(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
@@ -152,3 +159,81 @@ def test_tables_are_standard_delta_for_other_readers(spark, local_lake: Lakehous
     count = duckdb.sql(f"SELECT count(DISTINCT id) FROM read_parquet({files!r})").fetchone()
     assert count == (n,)
     assert DeltaTable(ds.translog_table.uri).to_pyarrow_dataset().count_rows() == n
+
+
+# --- the reduce of a batch of journal events (Arrow, no Spark) ------------------------
+
+
+def reference_reduce(
+    events: list[dict[str, object]],
+) -> dict[tuple[object, object], dict[str, object]]:
+    """The rule, spelled out: per (origin, id), columns of the first live event,
+    the earliest first_seen, the latest last_seen, the last event's deleted_at."""
+    out: dict[tuple[object, object], dict[str, object]] = {}
+    for event in sorted(events, key=lambda e: e["seq"]):  # type: ignore[arg-type, return-value]
+        key = (event["origin"], event["id"])
+        row = out.setdefault(key, {"first_seen": None, "last_seen": None})
+        if event["deleted_at"] is None and "value" not in row:
+            row.update({c: event[c] for c in ("schema", "value", "canonical_id", "lang")})
+        fs, ls = event["first_seen"], event["last_seen"]
+        row["first_seen"] = fs if row["first_seen"] is None else min(row["first_seen"], fs)  # type: ignore[type-var]
+        row["last_seen"] = ls if row["last_seen"] is None else max(row["last_seen"], ls)  # type: ignore[type-var]
+        row["deleted_at"] = event["deleted_at"]
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b"]),  # origin
+            st.sampled_from(["s1", "s2", "s3", "s4"]),  # statement id
+            st.sampled_from(["Person", "LegalEntity"]),  # schema (may differ per event)
+            st.booleans(),  # tombstone?
+            st.integers(0, 9),  # seen time
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    st.randoms(),
+)
+def test_reduce_events_follows_the_rule(
+    raw: list[tuple[str, str, str, bool, int]], rnd: Any
+) -> None:
+    from lakehouse_assets.flush import REDUCED_SCHEMA, reduce_events
+    from lakehouse_assets.journal import EVENTS_SCHEMA
+
+    events = []
+    for seq, (origin, sid, schema, tomb, t) in enumerate(raw):
+        ts = f"2026-01-01T00:00:0{t}"
+        events.append(
+            {
+                "seq": seq,
+                "dataset": "d",
+                "bucket": 3,
+                "origin": origin,
+                "canonical_id": f"e-{sid}",
+                "entity_id": f"e-{sid}",
+                "id": sid,
+                "prop": "name",
+                "prop_type": "name",
+                "schema": schema,
+                "value": f"v-{schema}",
+                "lang": None,
+                "original_value": None,
+                "external": False,
+                "first_seen": ts,
+                "last_seen": ts,
+                "deleted_at": ts if tomb else None,
+            }
+        )
+    shuffled = list(events)
+    rnd.shuffle(shuffled)  # the journal hands rows in no particular order
+    got = reduce_events(pa.Table.from_pylist(shuffled, schema=EVENTS_SCHEMA))
+    assert got.schema == REDUCED_SCHEMA
+    rows = {(r["origin"], r["id"]): r for r in got.to_pylist()}
+    want = reference_reduce(events)
+    assert set(rows) == set(want) and got.num_rows == len(want)
+    for key, expected in want.items():
+        for column, value in expected.items():
+            assert rows[key][column] == value, (key, column)

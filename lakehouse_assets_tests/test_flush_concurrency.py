@@ -97,10 +97,11 @@ def test_bulk_open_before_the_flush_and_committed_during_it_is_kept(
 def test_write_committed_inside_a_flush_batch_is_kept(
     spark: Any, handoff_lake: Lakehouse, dataset_name: str
 ) -> None:
-    """A commit after a batch read its rows and before it clears them, same bucket.
+    """A commit during a flush, in a bucket a batch has already read and committed.
 
-    On SQLite the row ids freed by the first batch's clear are handed out
-    again: the new rows get ids below the bound the flush took at its start.
+    The flush releases the journal rows it claimed only at its end: the new
+    row (not claimed; on SQLite, a row id above the flush's bound, as row ids
+    are never re-used) stays for the next flush.
     """
     ds = handoff_lake.create_dataset(dataset_name)
     low, mid, high = 10, 120, 250
@@ -114,12 +115,13 @@ def test_write_committed_inside_a_flush_batch_is_kept(
 
     def write_a() -> None:
         batches.append(1)
-        if len(batches) == 2:  # the second batch (bucket ``mid``) has read its rows
+        if len(batches) == 2:  # the second batch (bucket ``mid``) is committed
             ds.add_entity(person(a_id), origin="tenant_a")
 
-    with faults.on("flush.before_journal_clear", write_a):
+    with faults.on("flush.after_batch", write_a):
         ds.flush(batch_rows=1)  # one bucket per batch
     assert len(batches) == 3
+    assert ds.journal.count(ds.name) > 0  # A's row waits
     ds.flush()
     assert ds.journal.count(ds.name) == 0
     assert live_ids(ds, [*b_ids, a_id]) == {*b_ids, a_id}

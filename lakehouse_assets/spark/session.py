@@ -22,6 +22,7 @@ import os
 import shutil
 import sys
 import threading
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -93,6 +94,11 @@ def _usable(session: SparkSession) -> bool:
     return session.sparkContext._jsc is not None
 
 
+def remote_url(settings: Settings) -> str | None:
+    """The Spark Connect URL in effect (the environment wins over older settings)."""
+    return os.environ.get("LAKEHOUSE_SPARK_REMOTE") or settings.spark_remote or None
+
+
 def get_spark(settings: Settings | None = None) -> SparkSession:
     """The process-wide Spark session (created on first call, then reused).
 
@@ -101,7 +107,7 @@ def get_spark(settings: Settings | None = None) -> SparkSession:
     """
     settings = settings or Settings()
     # the environment wins over a settings object made before it was set
-    remote = os.environ.get("LAKEHOUSE_SPARK_REMOTE") or settings.spark_remote
+    remote = remote_url(settings)
     if remote != settings.spark_remote:
         settings = settings.model_copy(update={"spark_remote": remote})
     key = remote or "local"
@@ -142,10 +148,25 @@ def _connect(settings: Settings) -> SparkSession:
         raise ConfigurationError(
             f"no Spark Connect server answers at {url} (LAKEHOUSE_SPARK_REMOTE): {hint}"
         )
-    session = SparkSession.builder.remote(url).getOrCreate()
+    session = SparkSession.builder.remote(shared_session_url(url)).getOrCreate()
+    # other lakehouse processes use the same server-side session: leaving must not end it
+    session.release_session_on_close = False  # type: ignore[attr-defined]
     for key, value in sql_conf(settings).items():
         session.conf.set(key, value)
     return session
+
+
+def shared_session_url(url: str) -> str:
+    """The Connect URL with a session id every lakehouse process of this server shares.
+
+    The server keeps a session's Python workers warm (with our modules
+    imported); a new session per process would start them again, seconds per
+    command. A URL that names its own ``session_id`` is left as it is.
+    """
+    if "session_id=" in url:
+        return url
+    session_id = uuid.uuid5(uuid.NAMESPACE_URL, f"lakehouse:{url}")
+    return f"{url.rstrip('/')}/;session_id={session_id}"
 
 
 def _start_local(settings: Settings) -> SparkSession:

@@ -1,0 +1,182 @@
+"""The journal as a Spark data source: Spark's tasks read and reduce it in parallel.
+
+A flush batch is a range of buckets with known row counts. This source cuts
+it into ranges of about equal size, one input partition each; every task
+opens the journal itself (SQLite file or PostgreSQL), reads its claimed rows
+straight into Arrow (:meth:`Journal.read_claimed`), reduces them to one row
+per statement (:func:`flush.reduce_events`) and writes them as a Parquet file
+into the run's staging area in the lake, answering only (path, rows). The
+rows never pass through the driver, every core reads, and Spark then scans
+the staged files with its own reader (cheaper than caching rows that came
+from Python). A statement's events all share its bucket, so no reduce needs
+rows of another task.
+
+It needs tasks that reach the journal: the local Spark (in process or the
+local Connect server) always does; a cluster needs a PostgreSQL journal it
+can reach (:func:`reachable`). Otherwise flush reads on the driver.
+
+The journal URL travels as a data source option named ``journal_url``:
+Spark redacts options whose name matches ``url`` in plans and logs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+    from lakehouse_assets.journal import Claim, Journal
+
+SOURCE_NAME = "lakehouse_journal"
+
+_journals: dict[str, Journal] = {}
+
+
+def _journal(url: str) -> Journal:
+    """One journal (engine) per worker process and URL."""
+    from lakehouse_assets.journal import Journal
+
+    if url not in _journals:
+        _journals[url] = Journal(url)
+    return _journals[url]
+
+
+class _Range(InputPartition):
+    def __init__(self, low: int, high: int) -> None:
+        super().__init__((low, high))
+        self.low = low
+        self.high = high
+
+
+class JournalReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.url = options["journal_url"]
+        self.claim = json.loads(options["claim"])
+        self.ranges: list[list[int]] = json.loads(options["ranges"])
+        self.staging = options["staging"]
+        self.storage: dict[str, str] = json.loads(options.get("storage", "{}"))
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [_Range(low, high) for low, high in self.ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        import pyarrow.parquet as pq
+
+        from lakehouse_assets.delta import unique_file_name
+        from lakehouse_assets.flush import reduce_events
+        from lakehouse_assets.journal import Claim, read_sqlite_natively, sqlite_path
+        from lakehouse_assets.tables import arrow_filesystem
+
+        assert isinstance(partition, _Range)
+        claim = Claim(**self.claim)
+        path = sqlite_path(self.url)
+        if path is not None:  # this worker holds no other SQLite connection
+            events = read_sqlite_natively(path, claim, partition.low, partition.high)
+        else:
+            events = _journal(self.url).read_claimed(claim, [partition.low, partition.high])
+        if events.num_rows == 0:
+            return
+        reduced = reduce_events(events)
+        del events
+        fs, root = arrow_filesystem(self.staging, self.storage)
+        fs.create_dir(root, recursive=True)
+        name = unique_file_name("reduced")
+        with fs.open_output_stream(f"{root}/{name}") as sink:
+            pq.write_table(reduced, sink, compression="none", row_group_size=131_072)
+        size = fs.get_file_info(f"{root}/{name}").size
+        uri = f"{self.staging.rstrip('/')}/{name}"
+        yield pa.RecordBatch.from_pydict(
+            {"uri": [uri], "path": [name], "size": [size], "rows": [reduced.num_rows]}
+        )
+
+
+class JournalSource(DataSource):
+    """``spark.read.format("lakehouse_journal")``: stage the reduced claimed rows of a
+    batch; one row (uri, path, size, rows) per staged file."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:  # pragma: no cover - always given explicitly
+        raise ValueError("lakehouse_journal needs an explicit schema")
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return JournalReader(dict(self.options))
+
+
+_registered: set[int] = set()
+
+
+def balanced_ranges(buckets: Sequence[tuple[int, int]], parts: int) -> list[list[int]]:
+    """Cut (bucket, rows) into at most ``parts`` consecutive bucket ranges of similar rows."""
+    total = sum(rows for _, rows in buckets)
+    target = max(1, -(-total // max(1, parts)))
+    ranges: list[list[int]] = []
+    size = 0
+    for bucket, rows in buckets:
+        if not ranges or (size >= target and len(ranges) < parts):
+            ranges.append([bucket, bucket])
+            size = 0
+        ranges[-1][1] = bucket
+        size += rows
+    return ranges
+
+
+def reachable(journal_url: str, spark_remote: str | None) -> bool:
+    """Whether Spark's tasks can open this journal themselves."""
+    if not spark_remote:
+        return True  # in process: the tasks run on this machine
+    from urllib.parse import urlparse
+
+    host = urlparse(spark_remote.replace("sc://", "http://", 1)).hostname
+    local = host in ("127.0.0.1", "localhost", "::1")
+    return local or not journal_url.startswith("sqlite")
+
+
+#: What the source answers: one row per staged file.
+STAGED_SCHEMA = "uri string, path string, size long, rows long"
+
+
+def journal_frame(
+    spark: SparkSession,
+    journal_url: str,
+    claim: Claim,
+    buckets: Sequence[tuple[int, int]],
+    parts: int,
+    *,
+    staging_uri: str,
+    storage_options: dict[str, str],
+) -> tuple[DataFrame, int]:
+    """The reduced claimed rows of ``buckets`` (bucket, rows) as a DataFrame over
+    Parquet files staged by Spark's tasks, and how many rows they hold."""
+    from dataclasses import asdict
+
+    from lakehouse_assets.flush import REDUCED_SCHEMA
+    from lakehouse_assets.spark.delta_io import read_snapshot
+    from lakehouse_assets.tables import DataFile
+
+    key = id(spark)
+    if key not in _registered:
+        spark.dataSource.register(JournalSource)
+        _registered.add(key)
+    options: dict[str, Any] = {
+        "journal_url": journal_url,
+        "claim": json.dumps(asdict(claim)),
+        "ranges": json.dumps(balanced_ranges(buckets, parts)),
+        "staging": staging_uri,
+        "storage": json.dumps(storage_options),
+    }
+    staged = (
+        spark.read.format(SOURCE_NAME).schema(STAGED_SCHEMA).options(**options).load().collect()
+    )
+    files = [DataFile(r["uri"], r["path"], int(r["size"]), {}, None, None) for r in staged]
+    frame = read_snapshot(spark, files, REDUCED_SCHEMA, storage_options)
+    return frame, sum(int(r["rows"]) for r in staged)
