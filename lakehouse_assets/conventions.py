@@ -28,6 +28,7 @@ validated here *before* a path is built, so nothing can escape the lake
         ├── tags/{tenant}/{key}
         ├── queue/{tenant}/{uuid7}.json
         ├── jobs/runs/{job_type}/{timestamp}.json
+        ├── checks/{name}.json           last data-check results, by the snapshot they judged
         └── _staging/{operation}-{run id}/  intermediate files of a running operation
 """
 
@@ -170,6 +171,12 @@ QUEUE: Final = "queue"
 JOB_RUNS: Final = "jobs/runs"
 #: Intermediate files of running operations (see :mod:`lakehouse_assets.staging`).
 STAGING: Final = "_staging"
+CHECKS: Final = "checks"
+
+
+def check_cache(dataset: str, name: str) -> str:
+    """``{dataset}/checks/{name}.json``: the last results of a group of data checks."""
+    return dataset_path(dataset, CHECKS, f"{job_type(name)}.json")
 
 
 def dataset_path(dataset: str, *parts: str) -> str:

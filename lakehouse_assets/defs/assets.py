@@ -94,9 +94,8 @@ def flush_tables(
     context: dg.AssetExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
 ) -> Iterator[dg.MaterializeResult[None]]:
     """Flush the journal into the statements and translog tables (one Spark job)."""
-    ds = lakehouse.dataset(context.partition_key)
-    spark.session(ds.settings)
-    result = flush(ds)
+    ds = lakehouse.dataset(context.partition_key, spark)
+    result = flush(ds)  # starts Spark only if the journal holds rows
     context.log.info("flush of %s: %s", ds.name, result.as_dict())
     counts = {
         "new_statements": result.new,
@@ -169,8 +168,7 @@ def exports(
     spark: SparkResource,
 ) -> Iterator[dg.MaterializeResult[None]]:
     """The selected exports in one Spark pass; fresh ones are kept (spec's freshness rule)."""
-    ds = lakehouse.dataset(context.partition_key)
-    spark.session(ds.settings)
+    ds = lakehouse.dataset(context.partition_key, spark)
     selected = {k.to_user_string() for k in context.selected_asset_keys}
     kinds = [kind for key, kind in EXPORT_KINDS.items() if key in selected]
     result = export(ds, kinds, force=config.force)
@@ -207,7 +205,7 @@ def index(
 ) -> dg.MaterializeResult[None]:
     ds = lakehouse.dataset(context.partition_key)
     clock = time.monotonic()
-    result = export(ds, [INDEX], force=True)
+    result = export(ds, [INDEX])  # kept when fresh: no new version when nothing changed
     written = result.written.get(INDEX) or {}
     meta = export_metadata(ds, INDEX, written)
     meta["resources"] = int(written.get("resources", 0))

@@ -1,25 +1,69 @@
 """Data checks: what must hold before data flows on to the exports.
 
-They read the live statements in Spark (the run's session) and report counts
-and a few offending examples. Invalid schemata/properties and wrong statement
-ids block the exports; dangling references only warn (a dataset may reference
-entities it does not hold yet).
+They read the live statements of one snapshot in Spark SQL (no Python task:
+the statement ids are recomputed with SQL's SHA-1, the model's schemata and
+properties are checked on the few distinct combinations) and report counts
+and a few offending examples. Invalid schemata/properties and wrong
+statement ids block the exports; dangling references only warn (a dataset
+may reference entities it does not hold yet).
+
+Checks are a function of the snapshot they read, so their results are kept
+under ``{dataset}/checks/`` with the snapshot's (statements, translog)
+versions: a run whose flush found nothing new answers from there, without
+starting Spark.
 """
 
-from collections.abc import Iterator
+
+# (no ``from __future__ import annotations``: Dagster compares the context
+# parameter's annotation with its classes when the checks are defined)
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import dagster as dg
-import pyarrow as pa
 from followthemoney import model
 from followthemoney.statement import Statement
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
+from lakehouse_assets.errors import SourceNotFoundError
 from lakehouse_assets.exports import live_frame
+from lakehouse_assets.lake import Dataset
+from lakehouse_assets.tables import DatasetSnapshot
 
 #: How many offending examples a failed check shows.
 EXAMPLES = 10
+
+SCHEMA_VALID = "statements_schema_valid"
+IDS_VALID = "statement_ids_valid"
+REFERENCES = "references_resolve"
+
+
+@dataclass
+class Outcome:
+    """A check's result as plain data (what the cache keeps)."""
+
+    check_name: str
+    passed: bool
+    metadata: dict[str, Any]
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    warn: bool = False
+
+    def result(self, *, cached: bool, snapshot: DatasetSnapshot) -> dg.AssetCheckResult:
+        statements, translog = snapshot.versions
+        return dg.AssetCheckResult(
+            check_name=self.check_name,
+            passed=self.passed,
+            severity=dg.AssetCheckSeverity.WARN if self.warn else dg.AssetCheckSeverity.ERROR,
+            metadata={
+                **self.metadata,
+                "examples": dg.MetadataValue.json(self.examples),
+                "statements_version": statements if statements is not None else -1,
+                "translog_version": translog if translog is not None else -1,
+                "cached": cached,
+            },
+        )
 
 
 def _problem(schema: str, prop: str, prop_type: str) -> str | None:
@@ -37,67 +81,43 @@ def _problem(schema: str, prop: str, prop_type: str) -> str | None:
     return None
 
 
-SCHEMA_VALID = "statements_schema_valid"
-IDS_VALID = "statement_ids_valid"
-REFERENCES = "references_resolve"
-
-
-def _invalid_schemata(live: Any) -> dg.AssetCheckResult:
+def _invalid_schemata(live: Any) -> Outcome:
     combos = live.groupBy("schema", "prop", "prop_type").count().collect()
     bad = [
         {"schema": r["schema"], "prop": r["prop"], "statements": r["count"], "problem": p}
         for r in combos
         if (p := _problem(r["schema"], r["prop"], r["prop_type"])) is not None
     ]
-    return dg.AssetCheckResult(
-        check_name=SCHEMA_VALID,
-        passed=not bad,
-        metadata={
+    return Outcome(
+        SCHEMA_VALID,
+        not bad,
+        {
             "schema_property_pairs": len(combos),
             "invalid_pairs": len(bad),
             "invalid_statements": sum(b["statements"] for b in bad),
-            "examples": dg.MetadataValue.json(bad[:EXAMPLES]),
         },
+        bad[:EXAMPLES],
     )
 
 
-def _id_task(rows: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Recompute each statement's id with followthemoney; emit the mismatches."""
-    for batch in rows:
-        data = batch.to_pydict()
-        bad: dict[str, list[Any]] = {"id": [], "expected": [], "entity_id": [], "prop": []}
-        for i, sid in enumerate(data["id"]):
-            expected = Statement.make_key(
-                data["dataset"][i],
-                data["entity_id"][i],
-                data["prop"][i],
-                data["value"][i],
-                bool(data["external"][i]),
-            )
-            if sid != expected:
-                bad["id"].append(sid)
-                bad["expected"].append(expected)
-                bad["entity_id"].append(data["entity_id"][i])
-                bad["prop"].append(data["prop"][i])
-        if bad["id"]:
-            yield pa.RecordBatch.from_pydict(bad)
+def _wrong_ids(live: Any) -> Outcome:
+    """Statement ids against followthemoney's key, recomputed in Spark SQL."""
+    from pyspark.sql import functions as F
 
+    from lakehouse_assets.spark.sql import statement_key
 
-def _wrong_ids(live: Any) -> dg.AssetCheckResult:
-    columns = live.select("id", "dataset", "entity_id", "prop", "value", "external")
-    schema = "id string, expected string, entity_id string, prop string"
-    mismatches = columns.mapInArrow(_id_task, schema).persist()
+    mismatches = (
+        live.select("id", statement_key().alias("expected"), "entity_id", "prop", "lang")
+        .where(F.col("expected").isNull() | (F.col("id") != F.col("expected")))
+        .persist()
+    )
     count = mismatches.count()
     examples = [r.asDict() for r in mismatches.limit(EXAMPLES).collect()]
     mismatches.unpersist()
-    return dg.AssetCheckResult(
-        check_name=IDS_VALID,
-        passed=count == 0,
-        metadata={"wrong_ids": count, "examples": dg.MetadataValue.json(examples)},
-    )
+    return Outcome(IDS_VALID, count == 0, {"wrong_ids": count}, examples)
 
 
-def _dangling_references(live: Any) -> dg.AssetCheckResult:
+def _dangling_references(live: Any) -> Outcome:
     from pyspark.sql import functions as F
 
     known = (
@@ -113,16 +133,54 @@ def _dangling_references(live: Any) -> dg.AssetCheckResult:
     missing = dangling.select("ref").distinct().count() if count else 0
     examples = [r.asDict() for r in dangling.limit(EXAMPLES).collect()]
     dangling.unpersist()
-    return dg.AssetCheckResult(
-        check_name=REFERENCES,
-        passed=count == 0,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={
-            "dangling_references": count,
-            "missing_entities": missing,
-            "examples": dg.MetadataValue.json(examples),
-        },
+    return Outcome(
+        REFERENCES,
+        count == 0,
+        {"dangling_references": count, "missing_entities": missing},
+        examples,
+        warn=True,
     )
+
+
+# --- results kept by snapshot -----------------------------------------------------
+
+
+def _cache_key(snapshot: DatasetSnapshot, extra: Mapping[str, Any] | None = None) -> list[Any]:
+    return [*snapshot.versions, dict(extra or {})]
+
+
+def cached_outcomes(ds: Dataset, name: str, key: list[Any]) -> list[Outcome] | None:
+    """The outcomes of the checks ``name`` for ``key``, if they were judged already."""
+    try:
+        data = json.loads(ds.store.read_text(cv.check_cache(ds.name, name)))
+    except (SourceNotFoundError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("key") != key:
+        return None
+    return [Outcome(**item) for item in data.get("outcomes", [])]
+
+
+def keep_outcomes(ds: Dataset, name: str, key: list[Any], outcomes: list[Outcome]) -> None:
+    data = {"key": key, "outcomes": [asdict(o) for o in outcomes]}
+    ds.store.write_text(cv.check_cache(ds.name, name), json.dumps(data, default=str))
+
+
+def statement_outcomes(
+    ds: Dataset, spark: SparkResource
+) -> tuple[list[Outcome], bool, DatasetSnapshot]:
+    """The three statement checks of the current snapshot (from the cache if judged)."""
+    snapshot = ds.snapshot()
+    key = _cache_key(snapshot)
+    found = cached_outcomes(ds, "statements", key)
+    if found is not None:
+        return found, True, snapshot
+    live = live_frame(spark.session(ds.settings), ds, snapshot).persist()
+    try:
+        outcomes = [_invalid_schemata(live), _wrong_ids(live), _dangling_references(live)]
+    finally:
+        live.unpersist()
+    keep_outcomes(ds, "statements", key, outcomes)
+    return outcomes, False, snapshot
 
 
 @dg.multi_asset_check(
@@ -140,7 +198,8 @@ def _dangling_references(live: Any) -> dg.AssetCheckResult:
             asset="statements",
             blocking=True,
             description="Every statement id equals followthemoney's id of (dataset, entity, "
-            "property, value, external): ids are how duplicates and deletions are found.",
+            "property, value, language, external), recomputed in Spark SQL: ids are how "
+            "duplicates and deletions are found.",
         ),
         dg.AssetCheckSpec(
             REFERENCES,
@@ -153,15 +212,14 @@ def _dangling_references(live: Any) -> dg.AssetCheckResult:
 def statements_checks(
     context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
 ) -> Iterator[dg.AssetCheckResult]:
-    """The statement checks over one scan of the live statements (cached between them)."""
+    """The statement checks over one scan of the live statements, or their kept results
+    when the tables did not change since they were judged."""
     ds = lakehouse.dataset(context.partition_key)
-    live = live_frame(spark.session(ds.settings), ds).persist()
-    try:
-        yield _invalid_schemata(live)
-        yield _wrong_ids(live)
-        yield _dangling_references(live)
-    finally:
-        live.unpersist()
+    outcomes, cached, snapshot = statement_outcomes(ds, spark)
+    if cached:
+        context.log.info("tables unchanged since the last check: results kept, no scan")
+    for outcome in outcomes:
+        yield outcome.result(cached=cached, snapshot=snapshot)
 
 
 @dg.asset_check(
@@ -174,30 +232,39 @@ def statements_checks(
 def exports_match_statements(
     context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
 ) -> dg.AssetCheckResult:
-    import json
-
     ds = lakehouse.dataset(context.partition_key)
-    live = live_frame(spark.session(ds.settings), ds)
-    expected = live.select("canonical_id").distinct().count()
-    path = cv.dataset_path(ds.name, cv.ENTITIES_JSON)
-    lines = 0
-    if ds.store.exists(path):
-        with ds.store.open_read(path) as fh:
-            while chunk := fh.read(8 * 1024 * 1024):
-                lines += chunk.count(b"\n")
-    stats_path = cv.dataset_path(ds.name, cv.STATISTICS_JSON)
-    stats_count = None
-    if ds.store.exists(stats_path):
-        stats_count = json.loads(ds.store.read_text(stats_path)).get("entity_count")
-    passed = lines == expected and stats_count in (None, expected)
-    return dg.AssetCheckResult(
-        passed=passed,
-        metadata={
-            "live_entities": expected,
-            "entities_ftm_json_lines": lines,
-            "statistics_entity_count": stats_count if stats_count is not None else -1,
-        },
-    )
+    snapshot = ds.snapshot()
+    # the live entity count depends on the snapshot only; the files on the exports' stamps
+    stamps = {k: str(ds.core_tags.get(k)) for k in (cv.EXPORTS_ENTITIES, cv.EXPORTS_STATISTICS)}
+    key = _cache_key(snapshot, stamps)
+    found = cached_outcomes(ds, "exports", key)
+    if found is None:
+        live = live_frame(spark.session(ds.settings), ds, snapshot)
+        expected = live.select("canonical_id").distinct().count()
+        path = cv.dataset_path(ds.name, cv.ENTITIES_JSON)
+        lines = 0
+        if ds.store.exists(path):
+            with ds.store.open_read(path) as fh:
+                while chunk := fh.read(8 * 1024 * 1024):
+                    lines += chunk.count(b"\n")
+        stats_path = cv.dataset_path(ds.name, cv.STATISTICS_JSON)
+        stats_count = None
+        if ds.store.exists(stats_path):
+            stats_count = json.loads(ds.store.read_text(stats_path)).get("entity_count")
+        outcome = Outcome(
+            "exports_match_statements",
+            lines == expected and stats_count in (None, expected),
+            {
+                "live_entities": expected,
+                "entities_ftm_json_lines": lines,
+                "statistics_entity_count": stats_count if stats_count is not None else -1,
+            },
+        )
+        keep_outcomes(ds, "exports", key, [outcome])
+    else:
+        (outcome,) = found
+    result = outcome.result(cached=found is not None, snapshot=snapshot)
+    return dg.AssetCheckResult(passed=result.passed, metadata=result.metadata)
 
 
 CHECKS = [statements_checks, exports_match_statements]

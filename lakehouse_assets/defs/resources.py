@@ -38,24 +38,40 @@ class LakehouseResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     def lake(self) -> Lakehouse:
         return Lakehouse(settings=self.settings())
 
-    def dataset(self, name: str) -> Dataset:
-        return self.lake().dataset(name)
+    def dataset(self, name: str, spark: SparkResource | None = None) -> Dataset:
+        """A dataset of the lake; with ``spark``, its Spark choices apply to the work."""
+        settings = self.settings()
+        if spark is not None:
+            settings = spark.configure(settings)
+        return Lakehouse(settings=settings).dataset(name)
 
 
 class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     """The run's Spark session, created on first use and shared by every step.
 
-    The jobs run with the in-process executor, so all steps of a run live in
-    one process and get the same session (one JVM start per run, not per step).
+    With a Spark Connect URL (``remote`` or LAKEHOUSE_SPARK_REMOTE) every step
+    talks to that warm server; otherwise the jobs run with the in-process
+    executor, so all steps of a run live in one process and get the same
+    session (one JVM start per run, not per step). Steps that find nothing to
+    do never start it.
     """
 
     master: str | None = Field(
         default=None, description="Spark master URL (default: LAKEHOUSE_SPARK_MASTER or local[*])."
     )
+    remote: str | None = Field(
+        default=None,
+        description="Spark Connect URL, sc://host:port (default: LAKEHOUSE_SPARK_REMOTE).",
+    )
+
+    def configure(self, settings: Settings) -> Settings:
+        """``settings`` with this resource's Spark choices applied."""
+        updates = {
+            k: v for k, v in (("spark_master", self.master), ("spark_remote", self.remote)) if v
+        }
+        return settings.model_copy(update=updates) if updates else settings
 
     def session(self, settings: Settings) -> SparkSession:
         from lakehouse_assets.spark.session import get_spark
 
-        if self.master:
-            settings = settings.model_copy(update={"spark_master": self.master})
-        return get_spark(settings)
+        return get_spark(self.configure(settings))
