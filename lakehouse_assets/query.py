@@ -25,7 +25,7 @@ from followthemoney.statement.entity import StatementEntity
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import SourceNotFoundError
-from lakehouse_assets.journal import bucket_of, statement_from_mapping
+from lakehouse_assets.journal import BUCKETS, bucket_of, statement_from_mapping
 from lakehouse_assets.tables import (
     STATEMENT_FIELDS,
     STATEMENTS_PARTITION,
@@ -58,13 +58,15 @@ def live_statements(
     entity_ids: Sequence[str] | None = None,
     origin: str | None = None,
     snapshot: DatasetSnapshot | None = None,
+    bucket_range: tuple[int, int] | None = None,
 ) -> pa.Table:
-    """Live statements (optionally of some entities / one origin), sorted, as Arrow.
+    """Live statements (optionally of some entities / one origin / a range of
+    buckets), sorted, as Arrow.
 
     Reads one :class:`DatasetSnapshot` (the latest unless given) from start to end.
     """
     buckets = sorted({bucket_of(e) for e in entity_ids}) if entity_ids else None
-    span = (buckets[0], buckets[-1]) if buckets else None
+    span = (buckets[0], buckets[-1]) if buckets else bucket_range
     options = ds.statements_table.storage_options
     snapshot = snapshot or ds.snapshot()
     main_files = snapshot.statements.select(span)
@@ -76,6 +78,8 @@ def live_statements(
     where: pc.Expression | None = None
     if buckets and entity_ids:
         where = pc.field("bucket").isin(buckets) & pc.field("canonical_id").isin(list(entity_ids))
+    elif bucket_range is not None:
+        where = (pc.field("bucket") >= bucket_range[0]) & (pc.field("bucket") <= bucket_range[1])
     if origin is not None:
         match = pc.field("origin") == cv.origin(origin)
         where = match if where is None else where & match
@@ -87,6 +91,9 @@ def live_statements(
     log_filter = pc.field("id").isin(rows.column("id").combine_chunks())
     if buckets:
         log_filter = pc.field("bucket").isin(buckets) & log_filter
+    elif bucket_range is not None:
+        in_range = (pc.field("bucket") >= bucket_range[0]) & (pc.field("bucket") <= bucket_range[1])
+        log_filter = in_range & log_filter
     log = arrow_dataset(log_files, TRANSLOG_SCHEMA, options).to_table(
         columns=["origin", "id", "first_seen", "last_seen", "deleted_at"], filter=log_filter
     )
@@ -100,9 +107,48 @@ def live_statements(
     return live.select(LIVE_SCHEMA.names).sort_by([(c, "ascending") for c in SORT])
 
 
+def bucket_ranges(snapshot: DatasetSnapshot, chunk_bytes: int) -> list[tuple[int, int]]:
+    """Ranges of buckets whose statements hold about ``chunk_bytes`` of Parquet
+    each (by the files' sizes and bucket statistics in the Delta log)."""
+    weight = [0.0] * BUCKETS
+    for f in snapshot.statements.files:
+        low = f.min_bucket if f.min_bucket is not None else 0
+        high = f.max_bucket if f.max_bucket is not None else BUCKETS - 1
+        share = f.size / (high - low + 1)
+        for b in range(low, high + 1):
+            weight[b] += share
+    ranges: list[tuple[int, int]] = []
+    start, acc = 0, 0.0
+    for b in range(BUCKETS):
+        acc += weight[b]
+        if acc >= chunk_bytes:
+            ranges.append((start, b))
+            start, acc = b + 1, 0.0
+    if start < BUCKETS:
+        ranges.append((start, BUCKETS - 1))
+    return ranges
+
+
+def live_chunks(
+    ds: Dataset, *, origin: str | None = None, snapshot: DatasetSnapshot | None = None
+) -> Iterator[pa.Table]:
+    """Every live statement of one snapshot, a range of buckets at a time.
+
+    Memory stays bounded by ``query_chunk_bytes`` (of Parquet) however large the
+    table: each chunk is sorted by entity, and an entity's statements are all in
+    one bucket, so entities come whole, in bucket order.
+    """
+    snapshot = snapshot or ds.snapshot()
+    for span in bucket_ranges(snapshot, ds.settings.query_chunk_bytes):
+        chunk = live_statements(ds, origin=origin, snapshot=snapshot, bucket_range=span)
+        if chunk.num_rows:
+            yield chunk
+
+
 def to_statements(table: pa.Table) -> Iterator[Statement]:
-    for row in table.to_pylist():
-        yield statement_from_mapping(row)
+    for batch in table.to_batches(max_chunksize=10_000):
+        for row in batch.to_pylist():
+            yield statement_from_mapping(row)
 
 
 def aggregate(dataset: str, statements: Iterable[Statement]) -> Iterator[StatementEntity]:
@@ -128,6 +174,9 @@ def query(
 ) -> Iterator[StatementEntity]:
     """Entities from live statements, filtered by ids, origin and an ftmq ``Query``.
 
+    With ids: those entities, sorted by id. Without: every live entity, streamed
+    a range of buckets at a time (bounded memory; see :func:`live_chunks`).
+
     Flushes the journal first unless ``flush=False`` (then unflushed writes are
     not visible). If another writer holds the dataset's lock for longer than
     ``LAKEHOUSE_READ_WAIT_SECONDS``, reads the current snapshot instead (and
@@ -138,9 +187,11 @@ def query(
         from lakehouse_assets.flush import flush_for_reading
 
         flush_for_reading(ds, wait=ds.settings.read_wait_seconds)
-    entities = aggregate(
-        ds.name, to_statements(live_statements(ds, entity_ids=entity_ids, origin=origin))
-    )
+    if entity_ids:
+        tables: Iterable[pa.Table] = [live_statements(ds, entity_ids=entity_ids, origin=origin)]
+    else:
+        tables = live_chunks(ds, origin=origin)
+    entities = aggregate(ds.name, (s for t in tables for s in to_statements(t)))
     if q is not None:
         for entity in q.apply_iter(entities):
             assert isinstance(entity, StatementEntity)

@@ -66,6 +66,12 @@ class Settings(BaseSettings):
         description="How long a query's flush-first waits for a writer before it reads the "
         "current snapshot (saying how many journal rows are pending).",
     )
+    query_chunk_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        gt=0,
+        description="Parquet bytes a query without entity ids reads at a time (its memory "
+        "bound: roughly 10x this in Arrow and Python objects).",
+    )
     # --- http sources ---
     http_timeout_seconds: float = Field(
         default=30.0, description="Connect/read timeout for http(s) sources."

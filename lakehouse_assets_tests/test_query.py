@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from ftmq.query import M, P, Query
 
 from lakehouse_assets.lake import Lakehouse
@@ -49,3 +51,41 @@ def test_query_without_flush_does_not_see_the_journal(spark, local_lake: Lakehou
     ds.add_entity(entities[1])
     assert len(list(ds.query(flush=False))) == 1
     assert len(list(ds.query())) == 2
+
+
+def test_query_streams_a_range_of_buckets_at_a_time(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    """A query without ids reads the table in chunks (bounded memory) and still
+    returns every live entity whole, once: the same as reading it in one go."""
+    from lakehouse_assets.query import bucket_ranges, live_chunks
+
+    ds = lake.create_dataset("chunked")
+    people = [
+        {"id": f"p-{i}", "schema": "Person", "properties": {"name": [f"Person {i}"]}}
+        for i in range(120)
+    ]
+    ds.write_entities([json.dumps(p).encode() for p in people], origin="a")
+    ds.write_entities(
+        [
+            json.dumps(
+                {"id": f"p-{i}", "schema": "Person", "properties": {"nationality": ["de"]}}
+            ).encode()
+            for i in range(0, 120, 3)
+        ],
+        origin="b",
+    )
+    ds.delete_entity("p-7")
+    ds.flush()
+    whole = {e.id: e.to_dict() for e in ds.query(flush=False)}
+    assert len(whole) == 119 and "p-7" not in whole
+
+    ds.settings = ds.settings.model_copy(update={"query_chunk_bytes": 1})
+    ranges = bucket_ranges(ds.snapshot(), 1)
+    assert len(ranges) > 10  # one bucket per range: many chunks
+    assert ranges[0][0] == 0 and ranges[-1][1] == 255
+    assert all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    chunks = list(live_chunks(ds))
+    assert len(chunks) > 10
+    streamed = [e for e in ds.query(flush=False)]
+    assert len(streamed) == len({e.id for e in streamed})  # no entity split over chunks
+    assert {e.id: e.to_dict() for e in streamed} == whole
+    assert sorted(whole["p-3"]["properties"]["nationality"]) == ["de"]
