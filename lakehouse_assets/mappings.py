@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import csv
 import io
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -266,46 +264,55 @@ def _spark_task(
     queries: list[dict[str, Any]],
     header: list[str],
     seen: str,
-    out_dir: str,
+    staging_uri: str,
+    storage: dict[str, str],
 ) -> Any:
+    """The function each Spark task runs: map its row groups of the staged CSV
+    rows into journal rows, staged as Parquet beside them; answers (uri, rows).
+
+    Tasks reach the staging area through the lake's own storage (pyarrow's
+    local or S3 filesystem), never the driver's disk: the same code runs on an
+    executor of a cluster.
+    """
+
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import uuid
+        from lakehouse_assets.tables import arrow_filesystem
 
+        fs, root = arrow_filesystem(staging_uri, storage)
+        source = pq.ParquetFile(fs.open_input_file(f"{root}/in/rows.parquet"))
         mapper = Mapper(dataset, content_hash, queries, seen)
-        path = f"{out_dir}/part-{uuid.uuid4().hex}.parquet"
-        writer: pq.ParquetWriter | None = None
-        rows = 0
-        buffer: list[Row] = []
-
-        def flush() -> None:
-            nonlocal writer
-            if not buffer:
-                return
-            columns = list(zip(*buffer, strict=True))
-            table = pa.Table.from_arrays(
-                [pa.array(col, type=ROW_SCHEMA.field(i).type) for i, col in enumerate(columns)],
-                schema=ROW_SCHEMA,
-            )
-            if writer is None:
-                writer = pq.ParquetWriter(path, ROW_SCHEMA, compression="zstd")
-            writer.write_table(table)
-            buffer.clear()
-
         for batch in batches:
-            for produced in mapper.rows(header, batch.column("fields").to_pylist()):
-                buffer.append(produced)
-                rows += 1
-                if len(buffer) >= CHUNK_ROWS:
-                    flush()
-        flush()
-        if writer is not None:
-            writer.close()
-        yield pa.RecordBatch.from_pylist(
-            [{"path": path if rows else "", "rows": rows}],
-            schema=pa.schema([("path", pa.string()), ("rows", pa.int64())]),
-        )
+            for group in batch.column("group").to_pylist():
+                name = f"out/part-{group:06d}.parquet"
+                rows = 0
+                buffer: list[Row] = []
+                with fs.open_output_stream(f"{root}/{name}") as sink:
+                    writer = pq.ParquetWriter(sink, ROW_SCHEMA, compression="zstd")
+                    fields = source.read_row_group(group, columns=["fields"]).column("fields")
+                    for produced in mapper.rows(header, fields.to_pylist()):
+                        buffer.append(produced)
+                        if len(buffer) >= CHUNK_ROWS:
+                            writer.write_table(_row_table(buffer))
+                            rows += len(buffer)
+                            buffer.clear()
+                    if buffer:
+                        writer.write_table(_row_table(buffer))
+                        rows += len(buffer)
+                    writer.close()
+                yield pa.RecordBatch.from_pydict(
+                    {"uri": [f"{staging_uri.rstrip('/')}/{name}"], "rows": [rows]},
+                    schema=pa.schema([("uri", pa.string()), ("rows", pa.int64())]),
+                )
 
     return run
+
+
+def _row_table(rows: Sequence[Row]) -> pa.Table:
+    columns = list(zip(*rows, strict=True))
+    return pa.Table.from_arrays(
+        [pa.array(col, type=ROW_SCHEMA.field(i).type) for i, col in enumerate(columns)],
+        schema=ROW_SCHEMA,
+    )
 
 
 @dataclass
@@ -412,48 +419,63 @@ def _map_local(
 def _map_spark(
     ds: Dataset, content_hash: str, queries: list[dict[str, Any]], bulk: Any
 ) -> tuple[int, int, float]:
-    """Returns (csv rows, statements, seconds until the mapped rows were ready)."""
+    """Map a big CSV on Spark; returns (csv rows, statements, seconds until the
+    mapped rows were ready).
+
+    The driver stages the CSV's rows as Parquet row groups of ``CHUNK_ROWS``
+    in the lake's ``_staging/`` area; a task per row group maps them with
+    followthemoney and stages the journal rows beside them; the driver then
+    writes those into the journal in the bulk's one transaction (the journal
+    is the only thing the tasks must not touch: a mapping is all or nothing).
+    """
+    from lakehouse_assets import staging
     from lakehouse_assets.spark.session import get_spark, parallelism
+    from lakehouse_assets.tables import arrow_filesystem
 
     clock = time.monotonic()
     spark = get_spark(ds.settings)
-    with tempfile.TemporaryDirectory(prefix="lakehouse-mapping-") as tmp:
-        staging = Path(tmp)
-        (staging / "in").mkdir()
-        (staging / "out").mkdir()
-        rows = 0
+    operation = f"mapping-{content_hash[:16]}"
+    staging.clean_stale(ds, operation)  # a killed run's area (we hold the mapping's lock)
+    storage = ds.store.storage_options()
+    with staging.area(ds, operation) as uri:
+        fs, root = arrow_filesystem(uri, storage)
+        fs.create_dir(f"{root}/in", recursive=True)
+        fs.create_dir(f"{root}/out", recursive=True)
+        rows = groups = 0
         schema = pa.schema([("fields", pa.list_(pa.string()))])
         with _open_text(ds, content_hash) as text:
             reader = csv_rows(text)
             header = next(reader, [])
-            with pq.ParquetWriter(staging / "in" / "rows.parquet", schema) as writer:
+            with fs.open_output_stream(f"{root}/in/rows.parquet") as sink:
+                writer = pq.ParquetWriter(sink, schema, compression="zstd")
                 chunk: list[list[str]] = []
                 for raw in reader:
                     chunk.append(raw)
                     if len(chunk) >= CHUNK_ROWS:
                         writer.write_table(pa.table({"fields": chunk}, schema=schema))
-                        rows += len(chunk)
-                        chunk = []
+                        rows, groups, chunk = rows + len(chunk), groups + 1, []
                 if chunk:
                     writer.write_table(pa.table({"fields": chunk}, schema=schema))
-                    rows += len(chunk)
-        # a task per CHUNK_ROWS rows (at least one per core, at most one per
-        # shuffle partition): each Python worker pays followthemoney's set-up once
-        cores = parallelism(spark)
-        tasks = max(
-            1, min(ds.settings.spark_shuffle_partitions, max(cores, -(-rows // CHUNK_ROWS)))
-        )
-        frame = spark.read.parquet(str(staging / "in")).repartition(tasks)
-        task = _spark_task(ds.name, content_hash, queries, header, bulk.seen, str(staging / "out"))
-        parts = frame.mapInArrow(task, "path string, rows long").collect()
+                    rows, groups = rows + len(chunk), groups + 1
+                writer.close()
+        if groups == 0:
+            return 0, 0, time.monotonic() - clock
+        # a task per row group, spread over the cores: each Python worker pays
+        # followthemoney's set-up once
+        tasks = max(1, min(groups, parallelism(spark) * 4, ds.settings.spark_shuffle_partitions))
+        frame = spark.createDataFrame([(g,) for g in range(groups)], "group int").repartition(tasks)
+        task = _spark_task(ds.name, content_hash, queries, header, bulk.seen, uri, storage)
+        parts = frame.mapInArrow(task, "uri string, rows long").collect()
         mapped = time.monotonic() - clock
         statements = 0
-        for part in sorted(parts, key=lambda p: p["path"]):
-            if not part["path"]:
+        for part in sorted(parts, key=lambda p: p["uri"]):
+            if not part["rows"]:
                 continue
-            for batch in pq.ParquetFile(part["path"]).iter_batches(batch_size=CHUNK_ROWS):
-                columns = [batch.column(name).to_pylist() for name in COLUMNS]
-                produced = list(zip(*columns, strict=True))
-                bulk.add_rows(produced)
-                statements += len(produced)
+            part_fs, path = arrow_filesystem(part["uri"], storage)
+            with part_fs.open_input_file(path) as fh:
+                for batch in pq.ParquetFile(fh).iter_batches(batch_size=CHUNK_ROWS):
+                    columns = [batch.column(name).to_pylist() for name in COLUMNS]
+                    produced = list(zip(*columns, strict=True))
+                    bulk.add_rows(produced)
+                    statements += len(produced)
     return rows, statements, mapped

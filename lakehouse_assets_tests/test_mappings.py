@@ -21,7 +21,7 @@ from lakehouse_assets.errors import InvalidInputError, SourceNotFoundError
 from lakehouse_assets.journal import row_statement
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.mappings import mapping_origin
-from lakehouse_assets_tests.conftest import SHARED_DATA
+from lakehouse_assets_tests.conftest import REPO, SHARED_DATA
 
 HERE = Path(__file__).parent
 #: A small CSV + mapping of our own, so the suite runs without ../shared.
@@ -282,3 +282,21 @@ def test_mapping_sensor_and_job(local_lake: Lakehouse, tmp_path: Path) -> None:
     assert ds.journal.count(ds.name) > 0
     (listed,) = ds.mappings()
     assert listed["fresh"] is True
+
+
+def test_spark_mapping_stages_in_the_lake(spark, lake: Lakehouse, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The Spark engine stages the CSV rows and its tasks' output in the lake's
+    own ``_staging/`` area (on S3 for an s3:// lake; tasks never use the driver's
+    disk), gives what the local engine gives, and leaves no staging behind."""
+    sample = REPO / "lakehouse_assets" / "sample"
+    reference = Lakehouse(tmp_path / "reference")
+    results = {}
+    for engine, where in (("local", reference), ("spark", lake)):
+        ds = where.create_dataset("staged")
+        meta = ds.add_file(str(sample / "documents" / "northwind-shareholders.csv"))
+        ds.add_mapping(meta.checksum, (sample / "northwind-shareholders.yml").read_text())
+        result = ds.process_mapping(meta.checksum, spark=engine == "spark")
+        assert result.engine == engine and result.statements > 0
+        results[engine] = journal_entities(ds, meta.checksum)
+        assert not ds.store.list_dirs(cv.dataset_path(ds.name, cv.STAGING))
+    assert results["spark"] == results["local"] and results["local"]
