@@ -1,6 +1,7 @@
 # make demo  — set up .venv and run the demo on the embedded defaults
 # make test  — set up .venv and run the whole test suite
-# make ui    — the Dagster UI on 127.0.0.1 with the daemon, on the demo lake
+# make ui    — the Dagster UI on 127.0.0.1 with the daemon, on the demo lake, with a
+#              local Spark Connect server (all stopped together on Ctrl-C)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -29,7 +30,7 @@ demo: install java
 	@LAKE=$(DEMO_LAKE) VENV=$(VENV) sh lakehouse_assets/sample/demo.sh
 
 ui: install java
-	LAKEHOUSE_LAKE_URI=$(DEMO_LAKE) $(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
+	@LAKE=$(DEMO_LAKE) VENV=$(VENV) UI_PORT=$(UI_PORT) sh lakehouse_assets/sample/ui.sh
 
 # the suite with Spark Connect (a server per test worker), then the data-plane
 # group again with an in-process Spark (one process cannot mix the two)

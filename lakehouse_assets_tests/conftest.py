@@ -66,13 +66,13 @@ def _restore_signals() -> None:
     os.setsid()
 
 
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
     """Stop a server and its children by PID (process group)."""
     if proc.poll() is not None:
         return
     try:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
+        proc.wait(timeout=timeout)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -62,6 +63,8 @@ class Server:
     lake: Lakehouse
     home: Path
     log: Path
+    proc: subprocess.Popen[bytes]
+    cache: Path
 
     def graphql(self, query: str, **variables: Any) -> dict[str, Any]:
         response = requests.post(
@@ -113,23 +116,28 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("LAKEHOUSE_JOURNAL_URL", None)
+    # make ui's own script: it starts a Spark Connect server for the runs
+    env.pop("LAKEHOUSE_SPARK_REMOTE", None)
+    env["LAKEHOUSE_SPARK_CONNECT_PORT"] = str(free_port())
+    env["LAKEHOUSE_CACHE_DIR"] = str(root / "cache")
+    env.update(LAKE=str(root / "lake"), VENV=str(Path(sys.executable).parent.parent))
+    env["UI_PORT"] = str(port)
     log = root / "dagster.log"
-    dagster = Path(sys.executable).parent / "dagster"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [str(dagster), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+            ["sh", str(REPO / "lakehouse_assets" / "sample" / "ui.sh")],
             cwd=REPO,
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             preexec_fn=_restore_signals,
         )
-    srv = Server(f"http://127.0.0.1:{port}", lake, home, log)
+    srv = Server(f"http://127.0.0.1:{port}", lake, home, log, proc, root / "cache")
     try:
-        wait_for("the UI server", lambda: _up(srv.url), srv, 120)
+        wait_for("the UI server", lambda: _up(srv.url), srv, 180)
         yield srv
     finally:
-        stop_process(proc)
+        stop_process(proc, timeout=90)
         ARTIFACTS.mkdir(exist_ok=True)
         shutil.copy(log, ARTIFACTS / "dagster-dev.log")
 
@@ -287,3 +295,64 @@ def _up_driver(port: int) -> bool:
         )
     except (requests.RequestException, ValueError, KeyError):
         return False
+
+
+def test_stopping_make_ui_stops_everything_it_started(server: Server) -> None:
+    """SIGTERM to ``make ui``'s script stops dg dev, the webserver, the daemon,
+    their code servers and the Spark Connect server it started: nothing lingers."""
+    from lakehouse_assets.settings import Settings
+    from lakehouse_assets.spark import connect
+
+    settings = Settings(cache_dir=str(server.cache))
+    port = int(_env_of(server.proc.pid)["LAKEHOUSE_SPARK_CONNECT_PORT"])
+    assert connect.status(settings, port).running
+    children = _descendants(server.proc.pid)
+    commands = " | ".join(children.values())
+    assert "dg dev" in commands or "/dg " in commands, commands
+    assert len(children) >= 3, commands  # dg dev, the webserver, the daemon (+ code servers)
+
+    os.kill(server.proc.pid, signal.SIGTERM)
+    assert server.proc.wait(timeout=90) != 0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(pid) for pid in children):
+        time.sleep(0.5)
+    assert not [children[pid] for pid in children if _alive(pid)]
+    assert not connect.status(settings, port).running
+
+
+def _env_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """Every live descendant of ``root`` with its command line (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: dict[int, str] = {}
+    frontier = [root]
+    while frontier:
+        pid = frontier.pop()
+        for child, parent in parents.items():
+            if parent == pid and child not in found:
+                try:
+                    cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+                except OSError:
+                    continue
+                found[child] = cmd.decode(errors="replace").strip()
+                frontier.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

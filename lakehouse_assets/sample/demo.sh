@@ -12,6 +12,22 @@ LH="$VENV/bin/lakehouse --lake $LAKE"
 DS=sample_companies
 
 echo "== lake: $LAKE (journal: $LAKE/journal.sqlite)"
+# One warm Spark for every step: a local Spark Connect server (unless
+# LAKEHOUSE_SPARK_REMOTE already names one, e.g. a cluster's), stopped at the end.
+if [ -z "${LAKEHOUSE_SPARK_REMOTE:-}" ]; then
+  PORT=${LAKEHOUSE_SPARK_CONNECT_PORT:-15002}
+  if $LH spark status --port "$PORT" >/dev/null 2>&1; then
+    echo "== using the Spark Connect server already running on 127.0.0.1:$PORT"
+  else
+    echo "== starting a local Spark Connect server on 127.0.0.1:$PORT (one warm JVM for every step; stopped when the demo ends)"
+    $LH spark start --port "$PORT" | sed 's/^/  /'
+    trap '$LH spark stop --port "$PORT" >/dev/null 2>&1 || true' EXIT
+    trap 'exit 130' INT TERM
+  fi
+  export LAKEHOUSE_SPARK_REMOTE="sc://127.0.0.1:$PORT"
+else
+  echo "== Spark: $LAKEHOUSE_SPARK_REMOTE"
+fi
 $LH datasets create $DS --title "Sample companies, people and ownerships"
 echo "== archiving source documents (each also becomes a Document entity)"
 for f in "$HERE"/documents/*; do
