@@ -78,9 +78,36 @@ class LakehouseGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except LakehouseError as exc:
-            click.echo(f"Error: {one_line(str(exc))}", err=True)
+        except Exception as exc:
+            if ctx.params.get("debug") or isinstance(exc, click.ClickException | click.Abort):
+                raise
+            message = user_error(exc)
+            if message is None:
+                raise
+            click.echo(f"Error: {one_line(message)}", err=True)
             sys.exit(1)
+
+
+def user_error(exc: BaseException) -> str | None:
+    """The one line to print for an error the user can fix (None: a bug, show it).
+
+    Our own errors say what to fix; errors of the libraries we hand the user's
+    input to (ftmq filters, the journal URL and database, the lake's storage)
+    are named by where they came from.
+    """
+    if isinstance(exc, LakehouseError):
+        return str(exc)
+    kind = type(exc)
+    module = kind.__module__.split(".")[0]
+    if module == "ftmq":
+        return f"invalid query: {exc}"
+    if module == "sqlalchemy":
+        return f"journal database: {exc.args[0] if exc.args else exc}"
+    if module in ("botocore", "boto3", "s3transfer"):
+        return f"lake storage (S3): {exc}"
+    if isinstance(exc, NotADirectoryError | FileExistsError | IsADirectoryError | PermissionError):
+        return f"lake storage: {exc}"
+    return None
 
 
 @contextmanager
@@ -119,6 +146,8 @@ def bulk_input_options(help: str) -> Callable[[F], F]:
     "--tenant", envvar="LAKEHOUSE_TENANT", help="Tenant name (namespaces tags and locks)."
 )
 @click.option("--dataset", "-d", "dataset", help="Dataset name.")
+@click.option("--debug", is_flag=True, help="Show the full traceback of an error.")
+@click.version_option(package_name="lakehouse_assets", prog_name="lakehouse")
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -126,8 +155,13 @@ def cli(
     journal_url: str | None,
     tenant: str | None,
     dataset: str | None,
+    debug: bool,
 ) -> None:
     """An FtM data lakehouse: archive, journal, Delta statements, exports."""
+    if lake_uri is not None and not lake_uri.strip():
+        raise click.BadParameter(
+            "an empty lake URI: give a folder or s3://bucket/prefix", param_hint="--lake"
+        )
     settings = Settings()
     ctx.obj = Context(
         Lakehouse(lake_uri, settings=settings, journal_url=journal_url, tenant=tenant), dataset
@@ -419,7 +453,12 @@ def mapping_process(obj: Context, csv_checksum: str, force: bool, engine: str) -
 
 
 @cli.command("flush")
-@click.option("--batch-rows", type=int, default=None, help="Journal rows per batch.")
+@click.option(
+    "--batch-rows",
+    type=click.IntRange(min=1000),
+    default=None,
+    help="Journal rows per batch (at least 1000; default LAKEHOUSE_FLUSH_BATCH_ROWS).",
+)
 @pass_ctx
 def flush_cmd(obj: Context, batch_rows: int | None) -> None:
     """Move the journal into the Delta tables; prints what was done as JSON."""

@@ -62,6 +62,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
+from lakehouse_assets.errors import ConfigurationError
+
 #: Statements are spread over this many buckets by canonical id; flush reads
 #: whole buckets, so an entity's statements always arrive in the same batch.
 BUCKETS = 256
@@ -282,9 +284,9 @@ class Journal:
         if url.startswith("postgresql://"):
             url = "postgresql+psycopg2://" + url.removeprefix("postgresql://")
         if url == "sqlite://" or url.endswith(":memory:"):
-            raise ValueError(
-                "An in-memory journal loses acknowledged writes between processes; "
-                "use a SQLite file or PostgreSQL."
+            raise ConfigurationError(
+                f"journal URL {url!r} is an in-memory journal, which loses acknowledged "
+                "writes between processes; use a SQLite file or PostgreSQL."
             )
         kwargs: dict[str, Any] = {"hide_parameters": True}
         if url.startswith("sqlite"):

@@ -13,7 +13,7 @@ from followthemoney.statement import Statement
 
 from lakehouse_assets import Lakehouse
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.errors import InvalidInputError
+from lakehouse_assets.errors import ConfigurationError, InvalidInputError
 from lakehouse_assets.journal import Journal
 from lakehouse_assets_tests.conftest import sample_entities
 
@@ -24,7 +24,7 @@ def lake_with_journal(tmp_path: Path, journal_url: str) -> Lakehouse:
 
 
 def test_in_memory_journal_is_refused() -> None:
-    with pytest.raises(ValueError, match="in-memory"):
+    with pytest.raises(ConfigurationError, match="in-memory"):
         Journal("sqlite:///:memory:")
 
 
