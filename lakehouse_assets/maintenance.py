@@ -12,6 +12,7 @@ Fault points for tests: :data:`faults.COMPACT_POINTS`, :data:`faults.OPTIMIZE_PO
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -37,7 +38,10 @@ from lakehouse_assets.tables import (
     Snapshot,
 )
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
+    from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
     from lakehouse_assets.lake import Dataset
@@ -254,6 +258,40 @@ def _optimize_table(
     return len(removes), len(adds), version
 
 
+#: Commits that leave a table's rows as they are: our optimize, and the two
+#: commits delta-rs's vacuum records.
+LAYOUT_ONLY = ("VACUUM START", "VACUUM END")
+
+
+def layout_only_since(table: DeltaTable, version: int) -> bool:
+    """Whether every commit after ``version`` keeps the rows (optimize, vacuum)."""
+    latest = table.version()
+    if latest <= version:
+        return True
+    for entry in table.history(latest - version):
+        if entry.get("version", -1) <= version:
+            continue
+        if entry.get("lakehouse.operation") != "optimize" and entry.get("operation") not in (
+            LAYOUT_ONLY
+        ):
+            return False
+    return True
+
+
+def unpublished_optimize(ds: Dataset) -> int | None:
+    """The statements version to publish when every commit after the published one
+    only re-laid files out (an optimize that died before publishing); None when
+    there is none or when a data commit (a flush that died before its translog
+    commit) is among them."""
+    table = ds.statements_table.table()
+    if table is None:
+        return None
+    current = ds.snapshot().statements.version
+    if current is None or current >= table.version():
+        return None
+    return table.version() if layout_only_since(table, current) else None
+
+
 def _vacuum_table(location: DeltaLocation, retention: timedelta) -> int:
     table = location.table()
     if table is None:
@@ -306,6 +344,10 @@ def optimize(
             removed += r
             added += a
             faults.point("optimize.after_statements_commit")
+            if published is None:
+                # an earlier optimize that died before publishing: its version
+                # holds the same rows, so readers may move to it now
+                published = unpublished_optimize(ds)
         log_snapshot = Snapshot.load(ds.translog_table)
         if log_snapshot.version is not None:
             spark = spark or get_spark(ds.settings)
@@ -337,7 +379,26 @@ def optimize(
             hours = (
                 ds.settings.vacuum_retention_hours if retention_hours is None else retention_hours
             )
+            current = ds.snapshot().statements.version
+            latest = main.table()
             for location in (ds.statements_table, ds.translog_table):
+                if (
+                    location is ds.statements_table
+                    and latest is not None
+                    and current is not None
+                    and not layout_only_since(latest, current)
+                ):
+                    # readers are sent to a version before the latest (a flush
+                    # died between its commits): its files must stay until
+                    # the rerun publishes
+                    log.warning(
+                        "optimize %s: statements v%s not published yet (readers use v%s): "
+                        "not vacuumed",
+                        ds.name,
+                        latest.version(),
+                        current,
+                    )
+                    continue
                 vacuumed += _vacuum_table(location, timedelta(hours=hours))
         ds.core_tags.touch(cv.STATEMENTS_OPTIMIZED)
     return OptimizeResult(removed, added, vacuumed, time.monotonic() - clock)

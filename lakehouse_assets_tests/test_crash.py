@@ -23,6 +23,8 @@ lake = Lakehouse(sys.argv[1], journal_url=sys.argv[2])
 ds = lake.dataset(sys.argv[3])
 if sys.argv[4] == "flush":
     print(json.dumps(ds.flush(batch_rows=int(sys.argv[5])).as_dict()))
+elif sys.argv[4] == "optimize":
+    ds.optimize(vacuum=True, retention_hours=0)
 else:
     ds.export(["statements", "entities"], force=True)
 """
@@ -165,3 +167,29 @@ def test_a_killed_flush_leaves_nothing_the_next_one_does_not_remove(tmp_path: Pa
     assert records[-1].stats["cleaned"]["staging"]["areas"] == 1
     # prepare()'s flush, the killed one (never finished), the rerun
     assert [r.status for r in records] == ["succeeded", "running", "succeeded"]
+
+
+@pytest.mark.parametrize(
+    "point",
+    ["optimize.after_statements_commit", "optimize.after_parquet", "optimize.before_vacuum"],
+)
+def test_optimize_killed_between_its_commits_then_rerun_with_vacuum(
+    spark, tmp_path: Path, point: str
+) -> None:  # type: ignore[no-untyped-def]
+    """An optimize killed after rewriting the statements table but before the
+    translog commit that publishes it: the rerun publishes the optimized
+    version (same rows) and its vacuum removes nothing readers are sent to."""
+    lake = Lakehouse(tmp_path / "lake")
+    ds = lake.create_dataset("optimize_crash")
+    for i, e in enumerate(sample_entities()):
+        ds.add_entity(e, origin="first")
+        if i % 3 == 2:
+            ds.flush()  # several small files per partition
+    ds.flush()
+    before = {e.id: e.to_dict() for e in ds.query(flush=False)}
+    run_killed(lake, ds.name, point, "optimize")
+    assert {e.id: e.to_dict() for e in ds.query(flush=False)} == before  # readable after the kill
+    ds.optimize(vacuum=True, retention_hours=0)
+    assert {e.id: e.to_dict() for e in ds.query(flush=False)} == before
+    # every file readers are sent to is still there after the vacuum
+    assert all(Path(f.uri).exists() for f in ds.snapshot().statements.files)
