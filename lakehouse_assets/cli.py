@@ -210,16 +210,30 @@ def archive() -> None:
 @click.option(
     "--document/--no-document", default=False, help="Also write a Document entity to the journal."
 )
+@click.option(
+    "--follow-symlinks", is_flag=True, help="Archive the target of a local path that is a symlink."
+)
 @pass_ctx
 def archive_add(
-    obj: Context, uris: tuple[str, ...], checksum: str | None, file_id: str | None, document: bool
+    obj: Context,
+    uris: tuple[str, ...],
+    checksum: str | None,
+    file_id: str | None,
+    document: bool,
+    follow_symlinks: bool,
 ) -> None:
     """Archive files from paths or file://, s3://, http(s):// URIs."""
     ds = obj.dataset()
     if (checksum or file_id) and len(uris) > 1:
         raise click.UsageError("--checksum and --file-id apply to a single file")
     for uri in uris:
-        meta = ds.add_file(uri, checksum=checksum, file_id=file_id, create_document=document)
+        meta = ds.add_file(
+            uri,
+            checksum=checksum,
+            file_id=file_id,
+            create_document=document,
+            follow_symlinks=follow_symlinks,
+        )
         click.echo(meta.model_dump_json())
 
 
@@ -379,6 +393,12 @@ def _echo_json(data: Any) -> None:
     show_default=True,
     help="Skip files archived by an earlier crawl of the same source.",
 )
+@click.option(
+    "--follow-symlinks",
+    is_flag=True,
+    help="Also archive files that symlinks in the source point at outside it "
+    "(skipped and listed by default).",
+)
 @pass_ctx
 def crawl_cmd(
     obj: Context,
@@ -387,6 +407,7 @@ def crawl_cmd(
     glob: str | None,
     exclude: str | None,
     skip_existing: bool,
+    follow_symlinks: bool,
 ) -> None:
     """Archive every matching file under URI (folder, file:// or s3://), one Document each.
 
@@ -404,6 +425,7 @@ def crawl_cmd(
             glob=glob,
             exclude=exclude,
             skip_existing=skip_existing,
+            follow_symlinks=follow_symlinks,
             progress=bar.update,
         )
     _echo_json({**result.as_dict(), "errors": result.errors})

@@ -108,6 +108,21 @@ def checksum(value: object) -> str:
     return _check("checksum", value, CHECKSUM, "expected a lowercase SHA-256 hex digest")
 
 
+#: The longest value of each statement field the journal stores: the same rule
+#: on every backend (PostgreSQL enforces its column sizes, SQLite would store
+#: anything), checked before any write (see ``entities.check_statement``).
+FIELD_LIMITS: dict[str, int] = {
+    "entity_id": 1024,
+    "canonical_id": 1024,
+    "prop": 255,
+    "schema": 255,
+    "origin": 255,
+    "lang": 16,
+    "first_seen": 32,
+    "last_seen": 32,
+}
+
+
 def origin(value: object) -> str:
     """Validate an origin (becomes the ``origin=`` partition of the table)."""
     return _check(

@@ -43,6 +43,7 @@ class CrawlResult:
     seen: int = 0
     archived: int = 0
     skipped: int = 0
+    skipped_symlinks: int = 0
     failed: int = 0
     bytes: int = 0
     errors: list[dict[str, str]] = field(default_factory=list)
@@ -54,6 +55,7 @@ class CrawlResult:
             "seen": self.seen,
             "archived": self.archived,
             "skipped": self.skipped,
+            "skipped_symlinks": self.skipped_symlinks,
             "failed": self.failed,
             "bytes": self.bytes,
             "seconds": round(self.seconds, 3),
@@ -90,6 +92,12 @@ def list_source(
             yield path
 
 
+def leaves(root: Path, path: str) -> str | None:
+    """Where a path under a (resolved) local root really points, if outside it."""
+    target = (root / path).resolve()
+    return None if target.is_relative_to(root) else str(target)
+
+
 def crawl(
     ds: Dataset,
     source_uri: str,
@@ -98,9 +106,15 @@ def crawl(
     glob: str | None = None,
     exclude: str | None = None,
     skip_existing: bool = True,
+    follow_symlinks: bool = False,
     progress: Callable[[int], None] | None = None,
 ) -> CrawlResult:
-    """Archive the matching files under ``source_uri`` (see the module docstring)."""
+    """Archive the matching files under ``source_uri`` (see the module docstring).
+
+    A symlink whose target lies outside a local source folder is skipped (and
+    listed in the job record) unless ``follow_symlinks``: a crawl archives
+    the tree it was pointed at, not whatever a link in it reaches.
+    """
     from lakehouse_assets.lake import DOCUMENT_MARK, document_entity
 
     clock = time.monotonic()
@@ -110,10 +124,22 @@ def crawl(
         job.run.stats = {**result.as_dict(), "prefix": prefix, "glob": glob, "exclude": exclude}
         job.save()
         known = {m.file_id for m in ds.archive.list()} if skip_existing else set()
+        root = store.root.resolve() if isinstance(store, LocalStore) else None
         for path in list_source(store, prefix, glob, exclude):
             result.seen += 1
             uri = store.full_uri(path)
-            if make_file_id(path) in known:
+            outside = root is not None and not follow_symlinks and leaves(root, path)
+            if outside:
+                result.skipped_symlinks += 1
+                result.errors.append(
+                    {
+                        "path": path,
+                        "uri": uri,
+                        "error": f"skipped: a symlink to {outside} outside the crawl root "
+                        "(--follow-symlinks to archive it)",
+                    }
+                )
+            elif make_file_id(path) in known:
                 result.skipped += 1
             else:
                 try:

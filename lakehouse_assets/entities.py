@@ -12,7 +12,8 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable, Iterator
-from typing import IO, Any, TextIO
+from datetime import datetime
+from typing import IO, Any, TextIO, cast
 
 import orjson
 from followthemoney import model
@@ -23,10 +24,65 @@ from followthemoney.statement.serialize import CSV_COLUMNS, CSVStatementWriter
 from followthemoney.statement.util import BASE_ID, get_prop_type
 from rigour.boolean import text_bool
 
+from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import InvalidInputError
 
 #: followthemoney's own column order of the statement CSV format.
 STATEMENT_COLUMNS: tuple[str, ...] = tuple(CSV_COLUMNS)
+
+#: Text fields of a statement that must not hold a NUL character (PostgreSQL
+#: refuses it; followthemoney would strip it from ids, so two ids could collide).
+TEXT_FIELDS = (
+    "entity_id",
+    "canonical_id",
+    "prop",
+    "schema",
+    "value",
+    "origin",
+    "lang",
+    "original_value",
+    "first_seen",
+    "last_seen",
+)
+
+
+#: What the statement CSV's ``external`` column may say (followthemoney writes
+#: ``t``/``f``; rigour's reader would take any word starting with t, y or 1).
+BOOLEAN_WORDS = frozenset({"", "t", "true", "y", "yes", "1", "f", "false", "n", "no", "0"})
+
+
+def check_text(field: str, value: str | None) -> str | None:
+    """What is wrong with one field's value (None: nothing)."""
+    if value is None:
+        return None
+    if "\x00" in value:
+        return f"{field} contains a NUL character"
+    limit = cv.FIELD_LIMITS.get(field)
+    if limit is not None and len(value) > limit:
+        return f"{field} is {len(value)} characters long (at most {limit})"
+    return None
+
+
+def check_timestamp(field: str, value: str | None) -> str | None:
+    """A seen time must be an ISO 8601 date-time (as followthemoney writes them)."""
+    if value is None:
+        return None
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        return f"{field} {value!r} is not an ISO 8601 date-time"
+    return None
+
+
+def check_statement(stmt: Statement) -> str | None:
+    """The first thing about a statement the journal would not store as given."""
+    for field in TEXT_FIELDS:
+        problem = check_text(field, getattr(stmt, field))
+        if problem:
+            return problem
+    return check_timestamp("first_seen", stmt.first_seen) or check_timestamp(
+        "last_seen", stmt.last_seen
+    )
 
 
 def validate_entity(
@@ -52,6 +108,9 @@ def validate_entity(
     entity_id = data.get("id")
     if not entity_id or not isinstance(entity_id, str):
         raise fail("entity has no id")
+    problem = check_text("entity_id", entity_id)
+    if problem:
+        raise fail(f"entity id: {problem.removeprefix('entity_id ')}")
     schema_name = data.get("schema")
     schema = model.get(schema_name) if isinstance(schema_name, str) else None
     if schema is None:
@@ -66,6 +125,15 @@ def validate_entity(
             raise fail(f"entity {entity_id!r}: schema {schema.name} has no property {name!r}")
         if not isinstance(values, (list, str)):
             raise fail(f"entity {entity_id!r}: values of {name!r} must be a list of strings")
+        for index, value in enumerate([values] if isinstance(values, str) else values):
+            if not isinstance(value, str):
+                kind = "null" if value is None else type(value).__name__
+                raise fail(
+                    f"entity {entity_id!r}: value {index + 1} of {name!r} is a {kind}, "
+                    "not a string (nothing is converted or dropped silently)"
+                )
+            if "\x00" in value:
+                raise fail(f"entity {entity_id!r}: a value of {name!r} contains a NUL character")
     try:
         proxy = model.get_proxy(data, cleaned=False)
     except InvalidData as exc:
@@ -151,9 +219,29 @@ def make_statement(
         raise fail(f"unknown schema {row['schema']!r}")
     if row["prop"] != BASE_ID and row["prop"] not in schema.properties:
         raise fail(f"schema {schema.name} has no property {row['prop']!r}")
+    surplus = cast("dict[Any, Any]", row).get(None)  # csv.DictReader's key for them
+    if surplus is not None:
+        raise fail(f"{len(surplus)} cell(s) more than the header has columns")
+    for col in STATEMENT_COLUMNS:
+        value = row.get(col)
+        if value is not None and not isinstance(value, str) and col != "external":
+            raise fail(f"{col} must be a string, not {type(value).__name__}")
+        problem = check_text(col, value) if isinstance(value, str) else None
+        if problem:
+            raise fail(problem)
+    given_dataset = row.get("dataset")
+    if given_dataset and given_dataset != dataset:
+        raise fail(f"statement of dataset {given_dataset!r}, not {dataset!r}")
+    for col in ("first_seen", "last_seen"):
+        problem = check_timestamp(col, row.get(col) or None)
+        if problem:
+            raise fail(problem)
     external = row.get("external")
     if isinstance(external, str):
-        external = text_bool(external) or False
+        word = external.strip().lower()
+        if word not in BOOLEAN_WORDS:
+            raise fail(f"external {external!r} is not a boolean (t/f, true/false, 1/0, yes/no)")
+        external = bool(word) and text_bool(word)
     stmt = Statement(
         entity_id=row["entity_id"],
         prop=row["prop"],
@@ -191,6 +279,15 @@ def read_statements_csv(
         if missing:
             raise InvalidInputError(
                 f"statement CSV lacks columns {sorted(missing)}",
+                dataset=dataset,
+                source=source,
+                line=1,
+            )
+        unknown = [c for c in header if c not in STATEMENT_COLUMNS]
+        if unknown:
+            raise InvalidInputError(
+                f"unknown columns {unknown} (followthemoney's statement CSV has "
+                f"{', '.join(STATEMENT_COLUMNS)})",
                 dataset=dataset,
                 source=source,
                 line=1,

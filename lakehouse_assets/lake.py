@@ -31,13 +31,19 @@ from sqlalchemy.engine import Connection, RootTransaction
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.archive import Archive, FileMeta
 from lakehouse_assets.delta import DeltaLocation
-from lakehouse_assets.entities import entity_statements, make_statement, validate_entity
+from lakehouse_assets.entities import (
+    check_statement,
+    entity_statements,
+    make_statement,
+    validate_entity,
+)
 from lakehouse_assets.errors import DatasetNotFoundError, InvalidInputError
 from lakehouse_assets.ingest import convert_lines
 from lakehouse_assets.jobs import JobRecorder, record_job
 from lakehouse_assets.journal import Journal, Row, iso, statement_row
 from lakehouse_assets.locks import Lock, dataset_lock, operation_lock
 from lakehouse_assets.settings import Settings
+from lakehouse_assets.sources import local_path
 from lakehouse_assets.storage import Store, open_store
 from lakehouse_assets.tables import DatasetSnapshot
 from lakehouse_assets.tags import Tags
@@ -250,9 +256,21 @@ class Dataset:
         *,
         checksum: str | None = None,
         create_document: bool = False,
+        follow_symlinks: bool = True,
         **kwargs: Any,
     ) -> FileMeta:
-        """Archive a file; optionally write its Document entity to the journal."""
+        """Archive a file; optionally write its Document entity to the journal.
+
+        With ``follow_symlinks=False`` (the CLI's default) a local path that is
+        a symlink is refused: naming a link archives what it points at.
+        """
+        path = local_path(uri)
+        if not follow_symlinks and path is not None and path.is_symlink():
+            raise InvalidInputError(
+                f"{uri} is a symlink to {path.resolve()}: archive the target itself, "
+                "or pass --follow-symlinks",
+                dataset=self.name,
+            )
         if create_document:
             # tells the archive sensor the Document entity is already written
             kwargs["extra"] = {**(kwargs.get("extra") or {}), DOCUMENT_MARK: True}
@@ -270,6 +288,7 @@ class Dataset:
         glob: str | None = None,
         exclude: str | None = None,
         skip_existing: bool = True,
+        follow_symlinks: bool = False,
         progress: Callable[[int], None] | None = None,
     ) -> CrawlResult:
         """Archive every matching file under a source prefix (see :mod:`crawl`)."""
@@ -282,6 +301,7 @@ class Dataset:
             glob=glob,
             exclude=exclude,
             skip_existing=skip_existing,
+            follow_symlinks=follow_symlinks,
             progress=progress,
         )
 
@@ -503,6 +523,12 @@ class BulkWriter:
             stmt = make_statement(stmt, dataset=self.dataset.name, origin=self.origin)
         elif model.get(stmt.schema) is None:
             raise InvalidInputError(f"unknown schema {stmt.schema!r}", dataset=self.dataset.name)
+        else:
+            problem = check_statement(stmt)
+            if problem:
+                raise InvalidInputError(
+                    f"statement {stmt.id}: {problem}", dataset=self.dataset.name
+                )
         if stmt.first_seen is None:
             stmt = stmt.clone(first_seen=self.seen, last_seen=self.seen)
         self._rows.append(statement_row(stmt, self.dataset.name, self.origin))

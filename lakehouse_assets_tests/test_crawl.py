@@ -206,3 +206,46 @@ def run_crawl_job(job: Any, instance: Any, source: Path, lake: Lakehouse, name: 
             )
         },
     )
+
+
+def test_symlinks_out_of_the_tree_are_not_followed_unless_asked(tmp_path: Path) -> None:
+    """A crawl archives the tree it was pointed at: a symlink to a file outside it
+    is skipped and listed (``--follow-symlinks`` opts in); a link inside the tree
+    is fine. ``archive add`` of a symlink is refused unless asked."""
+    from click.testing import CliRunner
+
+    from lakehouse_assets.cli import cli
+
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not for the archive")
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "a.txt").write_text("a")
+    (source / "inner-link.txt").symlink_to(source / "a.txt")
+    (source / "leak.txt").symlink_to(outside)
+    lake = tmp_path / "lake"
+    Lakehouse(lake).create_dataset("links")
+    runner = CliRunner()
+    base = ["--lake", str(lake), "-d", "links"]
+
+    result = runner.invoke(cli, [*base, "crawl", str(source)])
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.stdout)
+    assert stats["skipped_symlinks"] == 1 and stats["archived"] == 2
+    assert "leak.txt" in json.dumps(stats["errors"])
+    ds = Lakehouse(lake).dataset("links")
+    assert {m.name for m in ds.archive.list()} == {"a.txt", "inner-link.txt"}
+
+    result = runner.invoke(cli, [*base, "crawl", str(source), "--follow-symlinks"])
+    assert result.exit_code == 0, result.output
+    assert {m.name for m in ds.archive.list()} == {"a.txt", "inner-link.txt", "leak.txt"}
+
+    before = sorted(p.relative_to(lake).as_posix() for p in lake.rglob("*"))
+    result = runner.invoke(cli, [*base, "archive", "add", str(source / "leak.txt")])
+    assert result.exit_code == 1
+    assert "is a symlink to" in result.stderr and "--follow-symlinks" in result.stderr
+    assert sorted(p.relative_to(lake).as_posix() for p in lake.rglob("*")) == before
+    result = runner.invoke(
+        cli, [*base, "archive", "add", str(source / "leak.txt"), "--follow-symlinks"]
+    )
+    assert result.exit_code == 0, result.output
