@@ -143,6 +143,12 @@ class LocalStore(Store):
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(str(root).removeprefix("file://")).expanduser().resolve()
+        for folder in (self.root, *self.root.parents):
+            if folder.exists() and not folder.is_dir():
+                raise ConfigurationError(
+                    f"lake {self.root}: {folder} is a file, not a folder; "
+                    "give a folder (or s3://bucket/prefix) as the lake"
+                )
         self.root.mkdir(parents=True, exist_ok=True)
         self.uri = str(self.root)
 
