@@ -22,7 +22,7 @@ from typing import IO, Any
 from pydantic import BaseModel, Field
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.errors import ChecksumMismatchError, SourceNotFoundError
+from lakehouse_assets.errors import ChecksumMismatchError, InvalidInputError, SourceNotFoundError
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.sources import CHUNK, open_source, source_name
 from lakehouse_assets.storage import LocalStore, Store
@@ -157,6 +157,31 @@ class Archive:
 
     def exists(self, checksum: str) -> bool:
         return self.store.exists(cv.archive_blob(self.dataset, cv.checksum(checksum)))
+
+    def resolve(self, prefix: str) -> str:
+        """The full checksum of the one archived blob whose checksum starts with
+        ``prefix`` (the demo and ``archive ls`` show 12 characters)."""
+        value = prefix.strip().lower()
+        if len(value) == 64:
+            return cv.checksum(value)
+        if len(value) < 4 or any(c not in "0123456789abcdef" for c in value):
+            raise InvalidInputError(
+                f"checksum prefix {prefix!r}: give at least 4 hex characters of a SHA-256",
+                dataset=self.dataset,
+            )
+        # blobs live under archive/{aa}/{bb}/{cc}/{checksum}/: list the folder of the prefix
+        matches = {m.checksum for m in self.list() if m.checksum.startswith(value)}
+        if not matches:
+            raise SourceNotFoundError(
+                f"No file with a checksum starting {value!r} in dataset {self.dataset!r}"
+            )
+        if len(matches) > 1:
+            raise InvalidInputError(
+                f"checksum prefix {value!r} is ambiguous: {len(matches)} files match "
+                f"({', '.join(sorted(m[:16] for m in matches))}); give more characters",
+                dataset=self.dataset,
+            )
+        return matches.pop()
 
     def list(self) -> Iterator[FileMeta]:
         """All file metadata entries of the dataset."""

@@ -126,7 +126,13 @@ def bulk_input_options(help: str) -> Callable[[F], F]:
     """``--input/-i`` (file or - for stdin) and ``--origin/-o`` of bulk writes."""
 
     def decorate(func: F) -> F:
-        func = click.option("--origin", "-o", default=cv.DEFAULT_ORIGIN, show_default=True)(func)
+        func = click.option(
+            "--origin",
+            "-o",
+            default=cv.DEFAULT_ORIGIN,
+            show_default=True,
+            help="Where the data came from (a partition of the statements table).",
+        )(func)
         return click.option("--input", "-i", "path", default="-", show_default=True, help=help)(
             func
         )
@@ -241,16 +247,23 @@ def archive_add(
 @click.argument("checksum")
 @pass_ctx
 def archive_get(obj: Context, checksum: str) -> None:
-    """Print a file's metadata as JSON."""
-    click.echo(obj.dataset().archive.get(checksum).model_dump_json(indent=2))
+    """Print a file's metadata as JSON (CHECKSUM: the SHA-256 or a unique prefix).
+
+    \b
+    Example:
+      lakehouse -d my_dataset archive get 3f2a9c01b7d4
+    """
+    archive = obj.dataset().archive
+    click.echo(archive.get(archive.resolve(checksum)).model_dump_json(indent=2))
 
 
 @archive.command("cat")
 @click.argument("checksum")
 @pass_ctx
 def archive_cat(obj: Context, checksum: str) -> None:
-    """Stream a file's content to stdout."""
-    with obj.dataset().archive.open(checksum) as fh:
+    """Stream a file's content to stdout (CHECKSUM: the SHA-256 or a unique prefix)."""
+    archive = obj.dataset().archive
+    with archive.open(archive.resolve(checksum)) as fh:
         shutil.copyfileobj(fh, sys.stdout.buffer, 1024 * 1024)
 
 
@@ -337,7 +350,12 @@ def tags() -> None:
 
 
 @tags.command("ls")
-@click.option("--tenant", default=cv.LAKEHOUSE_TENANT, show_default=True)
+@click.option(
+    "--tenant",
+    default=cv.LAKEHOUSE_TENANT,
+    show_default=True,
+    help="Whose tags (the lakehouse's own: the core freshness tags).",
+)
 @pass_ctx
 def tags_ls(obj: Context, tenant: str) -> None:
     """Print a tenant's tags as ``key<TAB>timestamp``."""
@@ -365,14 +383,115 @@ def unlock_cmd(obj: Context, operation: str | None) -> None:
 
 
 @cli.command("jobs")
-@click.argument("job_type")
+@click.argument("job_type", required=False)
 @pass_ctx
-def jobs_ls(obj: Context, job_type: str) -> None:
-    """Print the recorded runs of a job type as JSON lines."""
+def jobs_ls(obj: Context, job_type: str | None) -> None:
+    """Without JOB_TYPE: the job types with recorded runs and their counts.
+    With it: its recorded runs as JSON lines (oldest first).
+
+    \b
+    Example:
+      lakehouse -d my_dataset jobs          # flush  12 runs, last 2026-11-24T01:02:03Z ...
+      lakehouse -d my_dataset jobs flush
+    """
     from lakehouse_assets.jobs import list_runs
 
-    for run in list_runs(obj.lake.store, obj.dataset().name, job_type):
+    ds = obj.dataset()
+    if job_type is None:
+        base = cv.dataset_path(ds.name, "jobs", "runs")
+        types = obj.lake.store.list_dirs(base)
+        if not types:
+            click.echo(f"no job runs recorded in dataset {ds.name!r} yet", err=True)
+        for name in sorted(types):
+            runs = list_runs(obj.lake.store, ds.name, name)
+            last = max((r.started_at.isoformat(timespec="seconds") for r in runs), default="-")
+            click.echo(f"{name:<12} {len(runs):>5} runs  last {last}")
+        return
+    runs = list_runs(obj.lake.store, ds.name, job_type)
+    if not runs:
+        click.echo(f"no {job_type!r} runs recorded in dataset {ds.name!r}", err=True)
+    for run in runs:
         click.echo(json.dumps(run.model_dump(mode="json")))
+
+
+@cli.command("status")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of text.")
+@pass_ctx
+def status_cmd(obj: Context, as_json: bool) -> None:
+    """What a dataset holds and what is stale: journal rows waiting, table
+    versions, each export's freshness (and why), the last job runs, the lock.
+
+    Reads only (no flush, no Spark).
+
+    \b
+    Example:
+      lakehouse -d my_dataset status
+    """
+    from lakehouse_assets.exports import EXPORTS, dependencies
+    from lakehouse_assets.jobs import list_runs
+
+    ds = obj.dataset()
+    tags = ds.core_tags
+    pending = ds.journal.count(ds.name)
+    snapshot = ds.snapshot()
+    main = ds.statements_table.table()
+    exports: dict[str, dict[str, Any]] = {}
+    for kind, (path, tag, _) in EXPORTS.items():
+        stamp = tags.get(tag)
+        reasons = []
+        if not ds.store.exists(cv.dataset_path(ds.name, path)):
+            reasons.append("not written yet")
+        for dep in dependencies(kind):
+            value = tags.get(dep)
+            if value is not None and (stamp is None or value > stamp):
+                reasons.append(f"{dep} is newer")
+        if pending:
+            reasons.append(f"{pending} journal rows wait for a flush")
+        exports[kind] = {
+            "path": path,
+            "fresh": not reasons,
+            "why": "; ".join(reasons) or "newer than everything it depends on",
+            "stamp": stamp.isoformat() if stamp else None,
+        }
+    jobs: dict[str, dict[str, Any]] = {}
+    for name in sorted(ds.store.list_dirs(cv.dataset_path(ds.name, "jobs", "runs"))):
+        runs = list_runs(ds.store, ds.name, name)
+        if runs:
+            last = max(runs, key=lambda r: r.started_at)
+            jobs[name] = {
+                "runs": len(runs),
+                "last": last.started_at.isoformat(timespec="seconds"),
+                "status": last.status,
+            }
+    state = ds.lock().state()
+    lock = f"held: {state.describe()}" if state.held else state.problem or "free"
+    latest = main.version() if main is not None else None
+    report = {
+        "dataset": ds.name,
+        "journal_pending": pending,
+        "statements_version": {"published": snapshot.statements.version, "latest": latest},
+        "translog_version": snapshot.translog.version,
+        "exports": exports,
+        "jobs": jobs,
+        "lock": lock,
+    }
+    if as_json:
+        _echo_json(report)
+        return
+    click.echo(f"dataset {ds.name}")
+    click.echo(f"  journal: {pending} rows waiting for a flush")
+    click.echo(
+        f"  statements table: v{snapshot.statements.version} published"
+        f" (latest v{latest}); translog v{snapshot.translog.version}"
+    )
+    for kind, info in exports.items():
+        mark = "fresh" if info["fresh"] else "stale"
+        click.echo(f"  {kind:<11} {mark:<6} {info['why']}")
+    for name, info in jobs.items():
+        click.echo(
+            f"  job {name:<10} {info['runs']:>4} runs, last {info['last']} ({info['status']})"
+        )
+    click.echo(f"  lock: {lock}")
 
 
 # --- data plane ---------------------------------------------------------------
@@ -536,7 +655,12 @@ def make_cmd(obj: Context, force: bool) -> None:
 @cli.command("get")
 @click.argument("entity_id")
 @click.option("--origin", "-o", default=None, help="Only statements of this origin.")
-@click.option("--flush/--no-flush", default=False, show_default=True)
+@click.option(
+    "--flush/--no-flush",
+    default=False,
+    show_default=True,
+    help="Flush the journal first, so unflushed writes are seen.",
+)
 @pass_ctx
 def get_cmd(obj: Context, entity_id: str, origin: str | None, flush: bool) -> None:
     """Print one entity as FtM JSON (exit 1 if it does not exist)."""
@@ -558,7 +682,12 @@ def get_cmd(obj: Context, entity_id: str, origin: str | None, flush: bool) -> No
     multiple=True,
     help="PROPERTY=VALUE filter (repeatable, all must match).",
 )
-@click.option("--flush/--no-flush", default=True, show_default=True)
+@click.option(
+    "--flush/--no-flush",
+    default=True,
+    show_default=True,
+    help="Flush the journal first (waits at most LAKEHOUSE_READ_WAIT_SECONDS for a writer).",
+)
 @pass_ctx
 def query_cmd(
     obj: Context,

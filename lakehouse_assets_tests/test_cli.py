@@ -238,3 +238,80 @@ def test_installed_entry_point(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "lake" / "journal.sqlite").exists()  # the durable default
+
+
+def test_every_option_has_help_and_the_cli_has_a_version() -> None:
+    import click
+
+    from lakehouse_assets.cli import cli as root
+
+    missing: list[tuple[str, list[str]]] = []
+
+    def walk(cmd: click.Command, path: str) -> None:
+        for param in cmd.params:
+            if isinstance(param, click.Option) and not param.help and "--version" not in param.opts:
+                missing.append((path, param.opts))
+        if isinstance(cmd, click.Group):
+            for name, sub in cmd.commands.items():
+                walk(sub, f"{path} {name}")
+
+    walk(root, "lakehouse")
+    assert missing == []
+    result = CliRunner().invoke(root, ["--version"])
+    assert result.exit_code == 0 and result.output.startswith("lakehouse, version ")
+
+
+def test_archive_by_checksum_prefix_and_jobs_listing(tmp_path: Path) -> None:
+    from lakehouse_assets.cli import cli as root
+
+    lake = tmp_path / "lake"
+    base = ["--lake", str(lake), "-d", "prefixes"]
+    runner = CliRunner()
+    assert (
+        runner.invoke(root, ["--lake", str(lake), "datasets", "create", "prefixes"]).exit_code == 0
+    )
+    files = []
+    for i in range(2):
+        path = tmp_path / f"f{i}.txt"
+        path.write_text(f"file {i}")
+        files.append(hashlib.sha256(path.read_bytes()).hexdigest())
+        assert runner.invoke(root, [*base, "archive", "add", str(path)]).exit_code == 0
+    got = runner.invoke(root, [*base, "archive", "get", files[0][:12]])
+    assert got.exit_code == 0 and json.loads(got.stdout)["checksum"] == files[0]
+    cat = runner.invoke(root, [*base, "archive", "cat", files[1][:8]])
+    assert cat.exit_code == 0 and cat.stdout == "file 1"
+    short = runner.invoke(root, [*base, "archive", "get", "ab"])
+    assert short.exit_code == 1 and "at least 4 hex characters" in short.stderr
+    none = runner.invoke(
+        root,
+        [*base, "archive", "get", "0000"]
+        if not any(f.startswith("0000") for f in files)
+        else [*base, "archive", "get", "ffff0000"],
+    )
+    assert none.exit_code == 1 and "No file with a checksum starting" in none.stderr
+    listing = runner.invoke(root, [*base, "jobs"])
+    assert listing.exit_code == 0
+    empty = runner.invoke(root, [*base, "jobs", "flush"])
+    assert empty.exit_code == 0 and "no 'flush' runs" in empty.stderr
+
+
+def test_status_says_what_is_stale_and_why(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from lakehouse_assets.cli import cli as root
+
+    lake = Lakehouse(tmp_path / "lake")
+    ds = lake.create_dataset("stat")
+    ds.add_entity({"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}})
+    base = ["--lake", str(tmp_path / "lake"), "-d", "stat"]
+    report = json.loads(CliRunner().invoke(root, [*base, "status", "--json"]).stdout)
+    assert report["journal_pending"] == 2  # the id and the name statement
+    assert not report["exports"]["entities"]["fresh"]
+    assert "journal rows wait" in report["exports"]["entities"]["why"]
+    assert report["lock"] == "free"
+    ds.make()
+    report = json.loads(CliRunner().invoke(root, [*base, "status", "--json"]).stdout)
+    assert report["journal_pending"] == 0
+    assert all(e["fresh"] for e in report["exports"].values()), report["exports"]
+    assert report["statements_version"]["published"] is not None
+    assert "flush" in report["jobs"]
+    text = CliRunner().invoke(root, [*base, "status"])
+    assert text.exit_code == 0 and "entities    fresh" in text.stdout
