@@ -140,6 +140,23 @@ def bucket_of(canonical_id: str) -> int:
     return zlib.crc32(canonical_id.encode("utf-8")) % BUCKETS
 
 
+def duckdb_connection() -> Any:
+    """A one-thread DuckDB connection with the SQLite scanner loaded from its PyPI
+    wheel (nothing is downloaded at run time)."""
+    import duckdb
+    import duckdb_extension_sqlite_scanner as scanner
+
+    extension = (
+        Path(scanner.__file__).parent
+        / "extensions"
+        / f"v{duckdb.__version__}"
+        / "sqlite_scanner.duckdb_extension"
+    )
+    con = duckdb.connect(config={"threads": 1})
+    con.execute(f"LOAD '{extension}'")
+    return con
+
+
 def read_sqlite_natively(path: str, claim: Claim, low: int, high: int) -> pa.Table:
     """Claimed rows of buckets ``low..high`` of a SQLite journal, read by DuckDB's
     SQLite reader straight into Arrow (several times faster than Python rows).
@@ -150,15 +167,6 @@ def read_sqlite_natively(path: str, claim: Claim, low: int, high: int) -> pa.Tab
     that holds no other SQLite connection to the journal — Spark's Python
     workers, where the journal data source is the only one that opens it.
     """
-    import duckdb
-    import duckdb_extension_sqlite_scanner as scanner
-
-    extension = (
-        Path(scanner.__file__).parent
-        / "extensions"
-        / f"v{duckdb.__version__}"
-        / "sqlite_scanner.duckdb_extension"
-    )
     columns = ", ".join(
         f'CAST("{f.name}" AS {"INTEGER" if f.name == "bucket" else "BOOLEAN"}) AS "{f.name}"'
         if f.name in ("bucket", "external")
@@ -169,8 +177,7 @@ def read_sqlite_natively(path: str, claim: Claim, low: int, high: int) -> pa.Tab
         where, params = "dataset = ? AND seq <= ?", [claim.dataset, claim.bound]
     else:
         where, params = "dataset = ? AND flush_id = ?", [claim.dataset, claim.flush_id]
-    with duckdb.connect(config={"threads": 1}) as con:
-        con.execute(f"LOAD '{extension}'")
+    with duckdb_connection() as con:
         quoted = path.replace("'", "''")  # ATTACH takes no parameters
         con.execute(f"ATTACH '{quoted}' AS journal (TYPE sqlite, READ_ONLY)")
         table = con.execute(
