@@ -146,7 +146,7 @@ CASES: list[Case] = [
         "checksum that is not one",
         ("-d", "{ds}", "archive", "get", "xyz"),
         1,
-        r"Invalid checksum 'xyz'",
+        r"checksum prefix 'xyz': give at least 4 hex characters of a SHA-256",
         journal=False,
     ),
     Case(
