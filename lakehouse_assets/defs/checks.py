@@ -13,7 +13,6 @@ versions: a run whose flush found nothing new answers from there, without
 starting Spark.
 """
 
-
 # (no ``from __future__ import annotations``: Dagster compares the context
 # parameter's annotation with its classes when the checks are defined)
 import json
