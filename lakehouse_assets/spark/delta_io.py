@@ -183,6 +183,20 @@ class _PartWriter:
     collector: list[pq.FileMetaData]
 
 
+def stage_table(
+    table: pa.Table, staging_uri: str, storage_options: Mapping[str, str], prefix: str
+) -> DataFile:
+    """Write an Arrow table as one uncompressed Parquet file into a staging area
+    of the lake (driver or task alike: through the lake's own filesystem)."""
+    fs, root = arrow_filesystem(staging_uri, storage_options)
+    fs.create_dir(root, recursive=True)
+    name = unique_file_name(prefix)
+    with fs.open_output_stream(f"{root}/{name}") as sink:
+        pq.write_table(table, sink, compression="none", row_group_size=128_000)
+    size = fs.get_file_info(f"{root}/{name}").size
+    return DataFile(f"{staging_uri.rstrip('/')}/{name}", name, size, {}, None, None)
+
+
 def arrow_frame(
     spark: SparkSession, table: pa.Table, staging_uri: str, storage_options: Mapping[str, str]
 ) -> DataFrame:
@@ -195,16 +209,8 @@ def arrow_frame(
     it reaches the lake (Spark's own reader for a local folder, the snapshot
     data source for S3).
     """
-    fs, root = arrow_filesystem(staging_uri, storage_options)
-    fs.create_dir(root, recursive=True)
-    name = unique_file_name("events")
-    with fs.open_output_stream(f"{root}/{name}") as sink:
-        pq.write_table(table, sink, compression="none", row_group_size=128_000)
-    size = fs.get_file_info(f"{root}/{name}").size
-    uri = f"{staging_uri.rstrip('/')}/{name}"
-    return read_snapshot(
-        spark, [DataFile(uri, name, size, {}, None, None)], table.schema, storage_options
-    )
+    staged = stage_table(table, staging_uri, storage_options, "events")
+    return read_snapshot(spark, [staged], table.schema, storage_options)
 
 
 def _read_local(

@@ -67,12 +67,9 @@ class JournalReader(DataSourceReader):
         return [_Range(low, high) for low, high in self.ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        import pyarrow.parquet as pq
-
-        from lakehouse_assets.delta import unique_file_name
         from lakehouse_assets.flush import reduce_events
         from lakehouse_assets.journal import Claim, read_sqlite_natively, sqlite_path
-        from lakehouse_assets.tables import arrow_filesystem
+        from lakehouse_assets.spark.delta_io import stage_table
 
         assert isinstance(partition, _Range)
         claim = Claim(**self.claim)
@@ -85,15 +82,14 @@ class JournalReader(DataSourceReader):
             return
         reduced = reduce_events(events)
         del events
-        fs, root = arrow_filesystem(self.staging, self.storage)
-        fs.create_dir(root, recursive=True)
-        name = unique_file_name("reduced")
-        with fs.open_output_stream(f"{root}/{name}") as sink:
-            pq.write_table(reduced, sink, compression="none", row_group_size=131_072)
-        size = fs.get_file_info(f"{root}/{name}").size
-        uri = f"{self.staging.rstrip('/')}/{name}"
+        staged = stage_table(reduced, self.staging, self.storage, "reduced")
         yield pa.RecordBatch.from_pydict(
-            {"uri": [uri], "path": [name], "size": [size], "rows": [reduced.num_rows]}
+            {
+                "uri": [staged.uri],
+                "path": [staged.path],
+                "size": [staged.size],
+                "rows": [reduced.num_rows],
+            }
         )
 
 
