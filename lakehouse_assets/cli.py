@@ -634,12 +634,42 @@ def _report(result: Any) -> None:
     _echo_json(result.as_dict())
 
 
+AS_OF_HELP = (
+    "Read a published version: its number, snapshot id, or an ISO 8601 time "
+    "(the version published then). See `versions`."
+)
+
+
 @cli.command("export")
 @click.argument("kinds", nargs=-1, type=click.Choice([*EXPORT_KINDS, "all"]))
 @click.option("--force", is_flag=True, help="Export even when the export is fresh.")
+@click.option("--as-of", "as_of", default=None, help=AS_OF_HELP + " Writes one export to -o.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.File("wb"),
+    default="-",
+    help="With --as-of: where to write the export (default: stdout).",
+)
 @pass_ctx
-def export_cmd(obj: Context, kinds: tuple[str, ...], force: bool) -> None:
-    """Write exports (default: all) unless they are fresh."""
+def export_cmd(
+    obj: Context, kinds: tuple[str, ...], force: bool, as_of: str | None, output: IO[bytes]
+) -> None:
+    """Write exports (default: all) unless they are fresh.
+
+    With --as-of, re-make one export (statements, entities or statistics) of an
+    earlier published version from the tables as they were then.
+
+    \b
+    Examples:
+      lakehouse -d my_dataset export statements entities
+      lakehouse -d my_dataset export statements --as-of 3 -o statements-v3.csv
+    """
+    if as_of is not None:
+        if len(kinds) != 1 or kinds[0] not in ("statements", "entities", "statistics"):
+            raise click.UsageError("--as-of writes one export: statements, entities or statistics")
+        obj.dataset().export_as_of(as_of, kinds[0], output)
+        return
     chosen = list(EXPORT_KINDS) if not kinds or "all" in kinds else list(kinds)
     _report(obj.dataset().export(chosen, force=force))
 
@@ -661,11 +691,14 @@ def make_cmd(obj: Context, force: bool) -> None:
     show_default=True,
     help="Flush the journal first, so unflushed writes are seen.",
 )
+@click.option("--as-of", "as_of", default=None, help=AS_OF_HELP)
 @pass_ctx
-def get_cmd(obj: Context, entity_id: str, origin: str | None, flush: bool) -> None:
+def get_cmd(
+    obj: Context, entity_id: str, origin: str | None, flush: bool, as_of: str | None
+) -> None:
     """Print one entity as FtM JSON (exit 1 if it does not exist)."""
     ds = obj.dataset()
-    entity = ds.get_entity(entity_id, origin=origin, flush=flush)
+    entity = ds.get_entity(entity_id, origin=origin, flush=flush, as_of=as_of)
     if entity is None:
         raise click.ClickException(f"no entity {entity_id!r} in dataset {ds.name!r}")
     _echo_json(entity.to_dict())
@@ -688,6 +721,7 @@ def get_cmd(obj: Context, entity_id: str, origin: str | None, flush: bool) -> No
     show_default=True,
     help="Flush the journal first (waits at most LAKEHOUSE_READ_WAIT_SECONDS for a writer).",
 )
+@click.option("--as-of", "as_of", default=None, help=AS_OF_HELP + " Never flushes.")
 @pass_ctx
 def query_cmd(
     obj: Context,
@@ -696,6 +730,7 @@ def query_cmd(
     schemata: tuple[str, ...],
     props: tuple[str, ...],
     flush: bool,
+    as_of: str | None,
 ) -> None:
     """Print matching entities as FtM JSON lines (filters are ftmq queries)."""
     from ftmq.query import M, P, Query
@@ -713,17 +748,99 @@ def query_cmd(
                 )
             q = q.where(P(**{key: value}))
     for entity in obj.dataset().query(
-        q, entity_ids=list(entity_ids) or None, origin=origin, flush=flush
+        q, entity_ids=list(entity_ids) or None, origin=origin, flush=flush, as_of=as_of
     ):
         _echo_json(entity.to_dict())
 
 
 @cli.command("stream")
+@click.option("--as-of", "as_of", default=None, help=AS_OF_HELP)
 @pass_ctx
-def stream_cmd(obj: Context) -> None:
-    """Print the entities of the last entities.ftm.json export."""
-    for data in obj.dataset().stream_entities():
+def stream_cmd(obj: Context, as_of: str | None) -> None:
+    """Print the entities of the last entities.ftm.json export (or of a version)."""
+    for data in obj.dataset().stream_entities(as_of=as_of):
         _echo_json(data)
+
+
+# --- versions -----------------------------------------------------------------
+
+
+@cli.command("versions")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines instead of a table.")
+@pass_ctx
+def versions_cmd(obj: Context, as_json: bool) -> None:
+    """The published versions of a dataset, oldest first: time, counts, logical
+    hash, what changed (entities added / modified / deleted).
+
+    \b
+    Example:
+      lakehouse -d my_dataset versions
+    """
+    ds = obj.dataset()
+    history = ds.versions()
+    if as_json:
+        for version in history:
+            _echo_json(version.summary())
+        return
+    if not history:
+        click.echo(f"dataset {ds.name} has no published version yet (run make)", err=True)
+        return
+    click.echo(
+        f"{'#':>4}  {'published':<20} {'statements':>10} {'entities':>9}  changes{'':<14} hash"
+    )
+    for version in history:
+        info = version.summary()
+        changes = info["changes"] or {}
+        change = " ".join(f"{k.lower()} {v}" for k, v in changes.items()) or "-"
+        click.echo(
+            f"{info['sequence']:>4}  {info['created_at'][:19]:<20} "
+            f"{info.get('live_statements', 0):>10} {info.get('entities') or 0:>9}  "
+            f"{change:<21} {info['hash'][:21]}…"
+        )
+
+
+@cli.command("verify")
+@click.option(
+    "--deep", is_flag=True, help="Also recompute the head's logical hash from the tables."
+)
+@click.option(
+    "--head",
+    "trusted_head",
+    default=None,
+    help="A head hash you trust (say, one published elsewhere): the chain must end in it.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of text.")
+@pass_ctx
+def verify_cmd(obj: Context, deep: bool, trusted_head: str | None, as_json: bool) -> None:
+    """Check the version chain and re-hash what it references; exit 1 on any problem.
+
+    Replays the chain (sequence, parent hashes, times), checks the Delta
+    commits that carry each version's hash and the log entries it hashed,
+    re-hashes data files, the published index.json and diffs of every version
+    and the head's exports. --deep recomputes the logical hash from the tables.
+
+    \b
+    Examples:
+      lakehouse -d my_dataset verify
+      lakehouse -d my_dataset verify --deep --head f1220…
+    """
+    report = obj.dataset().verify(deep=deep, trusted_head=trusted_head)
+    if as_json:
+        _echo_json(report.as_dict())
+    else:
+        for note in report.notes:
+            click.echo(f"note: {note}", err=True)
+        for problem in report.problems:
+            click.echo(f"FAILED {report.dataset}: {problem}", err=True)
+        if report.ok:
+            mb = report.bytes_hashed / 1e6
+            click.echo(
+                f"ok: {report.dataset}: {report.versions} versions, head {report.head}, "
+                f"{report.files_hashed} files ({mb:.1f} MB) hashed"
+                + (", logical hash recomputed" if deep else "")
+            )
+    if not report.ok:
+        sys.exit(1)
 
 
 # --- the local Spark Connect server ----------------------------------------------

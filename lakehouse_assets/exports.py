@@ -494,8 +494,14 @@ def export(
         if INDEX in kinds:
             if force or not is_fresh(ds, INDEX) or spark_kinds:
                 statistics = tags.get(cv.EXPORTS_STATISTICS)
+                # the version describes what this pass exported (or, when every
+                # export was fresh, the latest snapshot, which they render)
+                pinned = snapshot if spark_kinds else ds.snapshot()
                 result.written[INDEX] = export_index(
-                    ds, stamp({**read, cv.EXPORTS_STATISTICS: statistics})
+                    ds,
+                    stamp({**read, cv.EXPORTS_STATISTICS: statistics}),
+                    snapshot=pinned,
+                    statements_fresh=STATEMENTS in spark_kinds or is_fresh(ds, STATEMENTS),
                 )
             else:
                 result.skipped.append(INDEX)
@@ -547,11 +553,27 @@ def _resource(ds: Dataset, kind: str) -> dict[str, Any] | None:
     return {**resource.model_dump(mode="json", exclude_none=True), "path": path}
 
 
-def export_index(ds: Dataset, built: datetime | None = None) -> dict[str, Any]:
-    """Write ``index.json`` (dataset metadata, stats, resource links) and a versioned copy.
+def export_index(
+    ds: Dataset,
+    built: datetime | None = None,
+    *,
+    snapshot: DatasetSnapshot | None = None,
+    statements_fresh: bool | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write ``index.json`` (dataset metadata, stats, resource links) and publish a version.
 
     ``built`` is the freshness stamp for ``exports/index`` (see :func:`stamp`).
+    ``snapshot`` is what the exports were built from (default: the latest, with
+    ``statements.csv`` taken as its rendering only if it is fresh): the
+    version's manifest describes it (see :mod:`lakehouse_assets.versions`);
+    nothing is published when nothing changed since the last version.
     """
+    from lakehouse_assets import versions
+
+    if snapshot is None:
+        snapshot = ds.snapshot()
+        statements_fresh = is_fresh(ds, STATEMENTS)
     config = ds.config()
     stats_path = cv.dataset_path(ds.name, cv.STATISTICS_JSON)
     stats = json.loads(ds.store.read_text(stats_path)) if ds.store.exists(stats_path) else None
@@ -570,10 +592,22 @@ def export_index(ds: Dataset, built: datetime | None = None) -> dict[str, Any]:
         data["thing_count"] = (stats.get("things") or {}).get("total")
         data["statistics"] = stats
     text = json.dumps(data, indent=2, sort_keys=False)
-    ds.store.write_text(cv.dataset_path(ds.name, cv.INDEX), text)
-    ds.store.write_text(cv.dataset_version(ds.name, "index.json", now), text)
+    # written by publish with the version it belongs to; kept as it is when
+    # nothing changed (so a run with nothing new writes no new index.json)
+    published = versions.publish(
+        ds,
+        snapshot,
+        index_text=text,
+        statements_fresh=bool(statements_fresh),
+        metadata=metadata,
+    )
     if built is None:
         ds.core_tags.touch(cv.EXPORTS_INDEX)
     else:
         ds.core_tags.set(cv.EXPORTS_INDEX, built)
-    return {"path": cv.INDEX, "size": len(text.encode()), "resources": len(resources)}
+    return {
+        "path": cv.INDEX,
+        "size": len(text.encode()),
+        "resources": len(resources),
+        "version": published.as_dict(),
+    }

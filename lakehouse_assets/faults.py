@@ -54,7 +54,12 @@ OPTIMIZE_POINTS: Final = (
     "optimize.after_translog_commit",
     "optimize.before_vacuum",
 )
-ALL_POINTS: Final = FLUSH_POINTS + EXPORT_POINTS + COMPACT_POINTS + OPTIMIZE_POINTS
+PUBLISH_POINTS: Final = (
+    "publish.after_files",
+    "publish.after_entry",
+    "publish.after_tag",
+)
+ALL_POINTS: Final = FLUSH_POINTS + EXPORT_POINTS + COMPACT_POINTS + OPTIMIZE_POINTS + PUBLISH_POINTS
 
 _hooks: dict[str, list[Callable[[], None]]] = {}
 _hits: Counter[str] = Counter()

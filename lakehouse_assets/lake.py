@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from lakehouse_assets.flush import FlushResult
     from lakehouse_assets.maintenance import CompactResult, OptimizeResult
     from lakehouse_assets.mappings import MappingResult, StoredMapping
+    from lakehouse_assets.versions import VerifyReport, Version
 
 
 class Lakehouse:
@@ -449,22 +450,54 @@ class Dataset:
         entity_ids: Sequence[str] | None = None,
         origin: str | None = None,
         flush: bool = True,
+        as_of: str | int | None = None,
     ) -> Iterator[StatementEntity]:
         from lakehouse_assets.query import query
 
-        return query(self, q, entity_ids=entity_ids, origin=origin, flush=flush)
+        return query(self, q, entity_ids=entity_ids, origin=origin, flush=flush, as_of=as_of)
 
     def get_entity(
-        self, entity_id: str, *, origin: str | None = None, flush: bool = False
+        self,
+        entity_id: str,
+        *,
+        origin: str | None = None,
+        flush: bool = False,
+        as_of: str | int | None = None,
     ) -> StatementEntity | None:
         from lakehouse_assets.query import get_entity
 
-        return get_entity(self, entity_id, origin=origin, flush=flush)
+        return get_entity(self, entity_id, origin=origin, flush=flush, as_of=as_of)
 
-    def stream_entities(self) -> Iterator[dict[str, Any]]:
+    def stream_entities(self, as_of: str | int | None = None) -> Iterator[dict[str, Any]]:
         from lakehouse_assets.query import stream_entities
 
-        return stream_entities(self)
+        return stream_entities(self, as_of=as_of)
+
+    # --- versions (see lakehouse_assets.versions) ---
+
+    def versions(self) -> list[Version]:
+        """Every published version, oldest first."""
+        from lakehouse_assets.versions import history
+
+        return history(self)
+
+    def version(self, as_of: str | int | None = None) -> Version | None:
+        """The version ``as_of`` names (sequence, snapshot id or time); the head by default."""
+        from lakehouse_assets import versions
+
+        return versions.head(self) if as_of is None else versions.resolve(self, as_of)
+
+    def verify(self, *, deep: bool = False, trusted_head: str | None = None) -> VerifyReport:
+        from lakehouse_assets.versions import verify
+
+        return verify(self, deep=deep, trusted_head=trusted_head)
+
+    def export_as_of(self, as_of: str | int, kind: str, out: IO[bytes]) -> int:
+        """Re-make export ``kind`` of a published version into ``out``."""
+        from lakehouse_assets import versions
+
+        snapshot = versions.snapshot_at(self, versions.resolve(self, as_of))
+        return versions.render_export(self, snapshot, kind, out)
 
 
 class BulkWriter:

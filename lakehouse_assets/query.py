@@ -151,6 +151,20 @@ def to_statements(table: pa.Table) -> Iterator[Statement]:
             yield statement_from_mapping(row)
 
 
+def first_origin(statements: Iterable[Statement]) -> Iterator[Statement]:
+    """Statements sorted by entity with a statement written by two origins once
+    (the first in sort order), as the exports keep it."""
+    current: str | None = None
+    seen: set[str] = set()
+    for stmt in statements:
+        if stmt.canonical_id != current:
+            current, seen = stmt.canonical_id, set()
+        if stmt.id in seen:
+            continue
+        seen.add(stmt.id or "")
+        yield stmt
+
+
 def aggregate(dataset: str, statements: Iterable[Statement]) -> Iterator[StatementEntity]:
     """Group statements sorted by canonical id into followthemoney entities."""
     meta = ftm_dataset(dataset)
@@ -171,11 +185,14 @@ def query(
     entity_ids: Sequence[str] | None = None,
     origin: str | None = None,
     flush: bool = True,
+    as_of: str | int | None = None,
 ) -> Iterator[StatementEntity]:
     """Entities from live statements, filtered by ids, origin and an ftmq ``Query``.
 
     With ids: those entities, sorted by id. Without: every live entity, streamed
     a range of buckets at a time (bounded memory; see :func:`live_chunks`).
+    ``as_of`` reads a published version (a sequence number, snapshot id or
+    time; see :func:`lakehouse_assets.versions.resolve`) and never flushes.
 
     Flushes the journal first unless ``flush=False`` (then unflushed writes are
     not visible). If another writer holds the dataset's lock for longer than
@@ -183,14 +200,17 @@ def query(
     says on the log how many journal rows are pending): a reader never fails
     because of a writer.
     """
-    if flush:
+    snapshot = version_snapshot(ds, as_of) if as_of is not None else None
+    if flush and snapshot is None:
         from lakehouse_assets.flush import flush_for_reading
 
         flush_for_reading(ds, wait=ds.settings.read_wait_seconds)
     if entity_ids:
-        tables: Iterable[pa.Table] = [live_statements(ds, entity_ids=entity_ids, origin=origin)]
+        tables: Iterable[pa.Table] = [
+            live_statements(ds, entity_ids=entity_ids, origin=origin, snapshot=snapshot)
+        ]
     else:
-        tables = live_chunks(ds, origin=origin)
+        tables = live_chunks(ds, origin=origin, snapshot=snapshot)
     entities = aggregate(ds.name, (s for t in tables for s in to_statements(t)))
     if q is not None:
         for entity in q.apply_iter(entities):
@@ -200,17 +220,40 @@ def query(
         yield from entities
 
 
+def version_snapshot(ds: Dataset, as_of: str | int) -> DatasetSnapshot:
+    """The snapshot of the published version ``as_of`` names."""
+    from lakehouse_assets import versions
+
+    return versions.snapshot_at(ds, versions.resolve(ds, as_of))
+
+
 def get_entity(
-    ds: Dataset, entity_id: str, *, origin: str | None = None, flush: bool = False
+    ds: Dataset,
+    entity_id: str,
+    *,
+    origin: str | None = None,
+    flush: bool = False,
+    as_of: str | int | None = None,
 ) -> StatementEntity | None:
     """One entity by id (optionally only its statements from ``origin``)."""
-    for entity in query(ds, entity_ids=[entity_id], origin=origin, flush=flush):
+    for entity in query(ds, entity_ids=[entity_id], origin=origin, flush=flush, as_of=as_of):
         return entity
     return None
 
 
-def stream_entities(ds: Dataset) -> Iterator[dict[str, Any]]:
-    """Entities of the last ``entities.ftm.json`` export (no flush, no Spark)."""
+def stream_entities(ds: Dataset, as_of: str | int | None = None) -> Iterator[dict[str, Any]]:
+    """Entities of the last ``entities.ftm.json`` export (no flush, no Spark).
+
+    With ``as_of``, the entities of that published version, read from the
+    tables as they were then (what ``entities.ftm.json`` held at that version).
+    """
+    if as_of is not None:
+        snapshot = version_snapshot(ds, as_of)
+        chunks = live_chunks(ds, snapshot=snapshot)
+        statements = (s for t in chunks for s in to_statements(t))
+        for entity in aggregate(ds.name, first_origin(statements)):
+            yield entity.to_dict()
+        return
     path = cv.dataset_path(ds.name, cv.ENTITIES_JSON)
     if not ds.store.exists(path):
         raise SourceNotFoundError(
