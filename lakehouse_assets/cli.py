@@ -799,6 +799,29 @@ def versions_cmd(obj: Context, as_json: bool) -> None:
         )
 
 
+@cli.command("trace")
+@click.argument("key")
+@pass_ctx
+def trace_cmd(obj: Context, key: str) -> None:
+    """Where statements came from: an entity id (all its statements) or a statement id.
+
+    One JSON line per statement: its values, origin and what the origin names
+    (the archived file, the mapping, the crawl runs), first_seen / last_seen /
+    deleted_at, and the versions that published and removed it.
+
+    \b
+    Example:
+      lakehouse -d my_dataset trace 5f1c…   (an entity or statement id)
+    """
+    ds = obj.dataset()
+    found = ds.trace(key)
+    if not found:
+        click.echo(f"no entity or statement {key!r} in dataset {ds.name!r}", err=True)
+        return
+    for item in found:
+        _echo_json(item)
+
+
 @cli.command("verify")
 @click.option(
     "--deep", is_flag=True, help="Also recompute the head's logical hash from the tables."

@@ -130,14 +130,37 @@ class Lakehouse:
             )
         return Dataset(self, name)
 
-    def write_catalog(self) -> None:
-        """Rewrite the catalog ``index.json`` (and ``config.yml`` if missing)."""
+    def write_catalog(self, *, snapshot: bool = False) -> None:
+        """Rewrite the catalog ``index.json`` (and ``config.yml`` if missing).
+
+        Each dataset is listed with its latest published version and logical
+        hash; with ``snapshot`` (after a dataset published a version) a copy
+        goes under ``versions/YYYY/MM/{timestamp}/index.json``. Every rewrite
+        reads every dataset's head, so two datasets publishing at once leave
+        a catalog that the next publish completes.
+        """
+        from lakehouse_assets import versions
+
         entries = []
         for name in self.datasets():
             cfg = yaml.safe_load(self.store.read_text(cv.dataset_path(name, cv.CONFIG))) or {}
-            entries.append({"name": name, "title": cfg.get("title", name)})
-        index = {"datasets": entries, "updated_at": cv.utcnow().isoformat()}
-        self.store.write_text(cv.CATALOG_INDEX, json.dumps(index, indent=2))
+            entry: dict[str, Any] = {"name": name, "title": cfg.get("title", name)}
+            head = versions.head(self.dataset(name))
+            if head is not None:
+                entry["version"] = {
+                    "sequence": head.sequence,
+                    "hash": head.hash,
+                    "logical_hash": head.manifest["logical_hash"],
+                    "published_at": head.manifest["created_at"],
+                    "manifest": head.path,
+                }
+            entries.append(entry)
+        now = cv.utcnow()
+        index = {"datasets": entries, "updated_at": now.isoformat()}
+        text = json.dumps(index, indent=2)
+        self.store.write_text(cv.CATALOG_INDEX, text)
+        if snapshot:
+            self.store.write_text(cv.catalog_version(cv.CATALOG_INDEX, now), text)
         if not self.store.exists(cv.CATALOG_CONFIG):
             self.store.write_text(cv.CATALOG_CONFIG, yaml.safe_dump({"name": "catalog"}))
 
@@ -491,6 +514,12 @@ class Dataset:
         from lakehouse_assets.versions import verify
 
         return verify(self, deep=deep, trusted_head=trusted_head)
+
+    def trace(self, key: str) -> list[dict[str, Any]]:
+        """Provenance of an entity's statements (or of one statement, by its id)."""
+        from lakehouse_assets.versions import trace
+
+        return trace(self, key)
 
     def export_as_of(self, as_of: str | int, kind: str, out: IO[bytes]) -> int:
         """Re-make export ``kind`` of a published version into ``out``."""

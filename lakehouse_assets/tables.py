@@ -21,6 +21,7 @@ new statements without its tombstones, say).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -179,6 +180,15 @@ class DatasetSnapshot:
     def versions(self) -> tuple[int | None, int | None]:
         """(statements version, translog version)."""
         return self.statements.version, self.translog.version
+
+    @property
+    def content_key(self) -> tuple[int | None, str]:
+        """What identifies the live content: the statements version and the translog's
+        files. Unlike :attr:`versions` it stays the same over translog commits that
+        change no data (the commit a published version leaves, see
+        :mod:`lakehouse_assets.versions`), so results cached by it survive those."""
+        files = hashlib.sha1("\n".join(f.path for f in self.translog.files).encode()).hexdigest()
+        return self.statements.version, files
 
 
 def arrow_filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pafs.FileSystem, str]:

@@ -666,6 +666,7 @@ def publish(
         _finish(ds, version)
         result.version = version
         result.diff = manifest["diff"]
+        ds.lake.write_catalog(snapshot=True)
         return result
     raise ConcurrentWriteError(
         f"Dataset {ds.name!r}: lost the race to publish a version {PUBLISH_ATTEMPTS} times; "
@@ -1005,7 +1006,11 @@ def verify(ds: Dataset, *, deep: bool = False, trusted_head: str | None = None) 
     head_version = versions[-1] if versions else None
     report.head = entries[-1][1]["hash"]
     _check_pointer(ds, entries, trusted_head, report)
-    tags = delta_tags(ds)
+    try:
+        tags = delta_tags(ds)
+    except Exception as exc:  # a broken Delta log
+        report.problems.append(Problem(None, cv.TRANSLOG_TABLE, f"Delta log unreadable: {exc}"))
+        tags = {}
     for version in versions:
         tagged = tags.get(version.sequence)
         if tagged is None:
@@ -1020,13 +1025,15 @@ def verify(ds: Dataset, *, deep: bool = False, trusted_head: str | None = None) 
                     f"the Delta commit metadata names another manifest ({tagged[:17]}…)",
                 )
             )
-    current = {
-        name: {f.path for f in snap.files}
-        for name, snap in (
-            ("statements", ds.snapshot().statements),
-            ("translog", ds.snapshot().translog),
-        )
-    }
+    try:
+        latest = ds.snapshot()
+        current = {
+            "statements": {f.path for f in latest.statements.files},
+            "translog": {f.path for f in latest.translog.files},
+        }
+    except Exception as exc:  # a broken Delta log
+        report.problems.append(Problem(None, "tables", f"Delta log unreadable: {exc}"))
+        current = {}
     for version in versions:
         _check_files(ds, version, current, hasher, report)
     if head_version is not None:
@@ -1226,3 +1233,163 @@ def _check_exports(ds: Dataset, version: Version, hasher: _Hasher, report: Verif
                 version.sequence, path, "export is missing" if sha is None else "export differs"
             )
         )
+
+
+# --- provenance ---------------------------------------------------------------
+
+
+def _statement_rows(ds: Dataset, key: str, snapshot: DatasetSnapshot) -> pa.Table:
+    """Every stored statement (live or deleted) of entity ``key``, or with statement id ``key``.
+
+    An entity id prunes to one bucket (an entity's statements share it); a
+    statement id is looked for in the files whose id range holds it.
+    """
+    from lakehouse_assets.journal import bucket_of
+
+    options = ds.statements_table.storage_options
+    bucket = bucket_of(key)
+    files = snapshot.statements.select((bucket, bucket))
+    rows = arrow_dataset(
+        files, STATEMENTS_SCHEMA, options, partition=STATEMENTS_PARTITION
+    ).to_table(filter=(pc.field("bucket") == bucket) & (pc.field("canonical_id") == key))
+    if rows.num_rows == 0:
+        rows = arrow_dataset(
+            snapshot.statements.files, STATEMENTS_SCHEMA, options, partition=STATEMENTS_PARTITION
+        ).to_table(filter=pc.field("id") == key)
+    if rows.num_rows == 0:
+        return rows
+    buckets = pc.unique(rows.column("bucket")).to_pylist()
+    log = arrow_dataset(
+        [f for b in buckets for f in snapshot.translog.select((b, b))], TRANSLOG_SCHEMA, options
+    ).to_table(
+        columns=["origin", "id", "first_seen", "last_seen", "deleted_at"],
+        filter=pc.field("id").isin(rows.column("id").combine_chunks()),
+    )
+    log = log.rename_columns(["origin", "id", "t_first", "t_last", "deleted_at"])
+    return rows.join(log, keys=["origin", "id"], join_type="left outer").sort_by(
+        [("prop", "ascending"), ("value", "ascending"), ("origin", "ascending")]
+    )
+
+
+def _live_in(ds: Dataset, version: Version, entity: str, origin: str, sid: str) -> bool:
+    from lakehouse_assets.query import live_statements
+
+    try:
+        table = live_statements(
+            ds, entity_ids=[entity], origin=origin, snapshot=snapshot_at(ds, version)
+        )
+    except VersionExpiredError:
+        return False
+    return sid in set(table.column("id").to_pylist())
+
+
+def _appeared(
+    ds: Dataset, history: list[Version], entity: str, origin: str, sid: str
+) -> tuple[Version | None, Version | None]:
+    """The version since which a statement is (or was last) published, and the one
+    that removed it: binary searches over the versions (an as-of point read each;
+    a statement deleted and written again counts from its latest return)."""
+    if not history:
+        return None, None
+
+    def live(i: int) -> bool:
+        return _live_in(ds, history[i], entity, origin, sid)
+
+    def search(lo: int, hi: int, want_last: bool) -> int:
+        found = -1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if live(mid):
+                found = mid
+                lo, hi = (mid + 1, hi) if want_last else (lo, mid - 1)
+            elif want_last:
+                hi = mid - 1
+            else:
+                lo = mid + 1
+        return found
+
+    last = len(history) - 1 if live(len(history) - 1) else search(0, len(history) - 1, True)
+    if last < 0:
+        return None, None
+    removed = history[last + 1] if last + 1 < len(history) else None
+    first = search(0, last, False)
+    return history[first if first >= 0 else last], removed
+
+
+def _source(ds: Dataset, origin: str, canonical_id: str) -> dict[str, Any]:
+    """Where statements of ``origin`` came from: the archived file, the mapping, the crawl."""
+    from lakehouse_assets.crawl import CRAWL_JOB
+    from lakehouse_assets.jobs import list_runs
+    from lakehouse_assets.mappings import mapping_origin
+
+    source: dict[str, Any] = {"origin": origin}
+    if cv.CHECKSUM.match(canonical_id):
+        try:
+            files = ds.archive.files(canonical_id)
+        except LakehouseError:
+            files = []
+        if files:
+            source["archive"] = [
+                {"checksum": f.checksum, "name": f.name, "source": f.key, "size": f.size}
+                for f in files
+            ]
+    for mapping in ds.mappings():
+        checksum = str(mapping.get("content_hash") or mapping.get("checksum") or "")
+        if checksum and mapping_origin(checksum) == origin:
+            source["mapping"] = {
+                "csv_checksum": checksum,
+                "config": cv.mapping_config(ds.name, checksum),
+                **{
+                    k: v
+                    for k, v in mapping.items()
+                    if k in ("versions", "last_processed", "queries")
+                },
+            }
+    if origin == CRAWL_JOB:
+        runs = list_runs(ds.store, ds.name, CRAWL_JOB)
+        if runs:
+            last = max(runs, key=lambda r: r.started_at)
+            source["crawl"] = {
+                "runs": len(runs),
+                "last_started": last.started_at.isoformat(),
+                "last_status": last.status,
+                "last_stats": last.stats,
+            }
+    return source
+
+
+def trace(ds: Dataset, key: str) -> list[dict[str, Any]]:
+    """Where each statement of an entity (or one statement, by its id) came from.
+
+    For each: its values, origin and what the origin names (archived file,
+    mapping, crawl runs), first_seen/last_seen/deleted_at from the translog,
+    and the versions that first published it and that removed it. The
+    tenant and journal write that wrote a statement are not recorded yet.
+    """
+    snapshot = ds.snapshot()
+    rows = _statement_rows(ds, key, snapshot)
+    versions = history(ds)
+    out = []
+    sources: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows.to_pylist():
+        origin, canonical = str(row["origin"]), str(row["canonical_id"])
+        if (origin, canonical) not in sources:
+            sources[(origin, canonical)] = _source(ds, origin, canonical)
+        first, removed = _appeared(ds, versions, canonical, origin, str(row["id"]))
+        out.append(
+            {
+                "id": row["id"],
+                "canonical_id": canonical,
+                "entity_id": row["entity_id"],
+                "schema": row["schema"],
+                "prop": row["prop"],
+                "value": row["value"],
+                "first_seen": row["t_first"] or row["first_seen"],
+                "last_seen": row["t_last"] or row["last_seen"],
+                "deleted_at": row["deleted_at"],
+                "source": sources[(origin, canonical)],
+                "published_in": first.sequence if first else None,
+                "removed_in": removed.sequence if removed else None,
+            }
+        )
+    return out

@@ -65,6 +65,7 @@ def test_definitions_load_with_the_specified_graph() -> None:
         "statement_ids_valid",
         "references_resolve",
         "exports_match_statements",
+        "versions_verified",
     }
     for name in (
         "new_datasets",
@@ -168,9 +169,15 @@ def test_materialize_the_graph_twice(
     )
     stamp = ds.core_tags.get(cv.EXPORTS_ENTITIES)
     assert stamp is not None and event.tags["dagster/data_version"] == stamp.isoformat()
-    snapshot = ds.snapshot().versions
-    assert mats["entities_ftm_json"]["built_from_statements_version"] == snapshot[0]
-    assert mats["entities_ftm_json"]["built_from_translog_version"] == snapshot[1]
+    # ... and the published version names the same table versions
+    head = ds.version()
+    assert head is not None and head.sequence == 1
+    assert mats["index"]["version"] == 1 and mats["index"]["version_hash"] == head.hash
+    assert mats["index"]["entities_add"] == len(entities)
+    built = head.table_version("statements"), head.table_version("translog")
+    assert mats["entities_ftm_json"]["built_from_statements_version"] == built[0]
+    assert mats["entities_ftm_json"]["built_from_translog_version"] == built[1]
+    assert checks(first)["versions_verified"]
 
     # tenants write a new entity and delete another; the graph runs again
     gone = str(entities[0]["id"])
@@ -189,6 +196,9 @@ def test_materialize_the_graph_twice(
     assert entity_ids(ds) == {e["id"] for e in entities} - {gone} | {"new-co"}
     index = json.loads(ds.store.read_text(cv.dataset_path(ds.name, cv.INDEX)))
     assert index["entity_count"] == len(entities)
+    assert mats["index"]["version"] == 2
+    assert (mats["index"]["entities_add"], mats["index"]["entities_del"]) == (1, 1)
+    assert checks(second)["versions_verified"]
 
     # both journal writes were reported (as the sensor would), once each
     records = instance.fetch_materializations(

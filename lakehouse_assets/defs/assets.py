@@ -198,7 +198,8 @@ def exports(
     kinds={"json"},
     automation_condition=AUTOMATION,
     description="`index.json`: dataset metadata, statistics and links to the exports "
-    "(with a versioned copy under `versions/`).",
+    "Each change publishes a version: a manifest under `versions/` linked to its "
+    "parent by hash, and an entity diff under `diffs/` (see `lakehouse versions`).",
 )
 def index(
     context: dg.AssetExecutionContext, lakehouse: LakehouseResource
@@ -209,6 +210,14 @@ def index(
     written = result.written.get(INDEX) or {}
     meta = export_metadata(ds, INDEX, written)
     meta["resources"] = int(written.get("resources", 0))
+    version = written.get("version") or {}
+    if version.get("sequence") is not None:
+        meta["version"] = int(version["sequence"])
+        meta["version_hash"] = str(version["hash"])
+        for op, count in ((version.get("diff") or {}).get("counts") or {}).items():
+            meta[f"entities_{op.lower()}"] = int(count)
+    elif version.get("skipped"):
+        meta["version"] = dg.MetadataValue.text(str(version["skipped"]))
     meta["duration_seconds"] = round(time.monotonic() - clock, 3)
     return dg.MaterializeResult(metadata=meta, data_version=tag_version(ds, cv.EXPORTS_INDEX))
 

@@ -145,7 +145,7 @@ def _dangling_references(live: Any) -> Outcome:
 
 
 def _cache_key(snapshot: DatasetSnapshot, extra: Mapping[str, Any] | None = None) -> list[Any]:
-    return [*snapshot.versions, dict(extra or {})]
+    return [*snapshot.content_key, dict(extra or {})]
 
 
 def cached_outcomes(ds: Dataset, name: str, key: list[Any]) -> list[Outcome] | None:
@@ -266,4 +266,32 @@ def exports_match_statements(
     return dg.AssetCheckResult(passed=result.passed, metadata=result.metadata)
 
 
-CHECKS = [statements_checks, exports_match_statements]
+@dg.asset_check(
+    asset="index",
+    description="The dataset's version chain verifies: manifests linked by their hashes, "
+    "each carried by a Delta commit, every referenced file and the head's exports "
+    "re-hashed (`lakehouse verify`; `--deep` also recomputes the logical hash).",
+)
+def versions_verified(
+    context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource
+) -> dg.AssetCheckResult:
+    from lakehouse_assets.versions import verify
+
+    ds = lakehouse.dataset(context.partition_key)
+    report = verify(ds)
+    problems = "\n".join(f"- {p}" for p in report.problems[:EXAMPLES])
+    metadata: dict[str, Any] = {
+        "versions": report.versions,
+        "head": report.head or "",
+        "files_hashed": report.files_hashed,
+        "bytes_hashed": report.bytes_hashed,
+        "problems": len(report.problems),
+    }
+    if problems:
+        metadata["examples"] = dg.MetadataValue.md(problems)
+    if report.notes:
+        metadata["notes"] = dg.MetadataValue.md("\n".join(f"- {n}" for n in report.notes))
+    return dg.AssetCheckResult(passed=report.ok, metadata=metadata)
+
+
+CHECKS = [statements_checks, exports_match_statements, versions_verified]

@@ -70,5 +70,8 @@ ds = Lakehouse(sys.argv[1]).dataset(sys.argv[2])
 entity = ds.get_entity("acme-trading")
 print(f"  get acme-trading: {entity.caption if entity else None} ({entity.schema.name if entity else '-'})")
 PY
+echo "== published versions (the chain head is the last line) and their verification"
+$LH -d $DS versions
+$LH -d $DS verify
 echo "== files under $LAKE/$DS (archive omitted):"
 find "$LAKE/$DS" -type f -not -path "*/archive/*" | sort | sed 's/^/  /'

@@ -1,0 +1,660 @@
+"""Versions: manifests, the hash-linked chain, verify against tampering, as-of reads, diffs."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets import faults, versions
+from lakehouse_assets.lake import Dataset, Lakehouse
+from lakehouse_assets_tests.conftest import examples, sample_entities
+from lakehouse_assets_tests.test_exports import normal
+
+
+def entities_of(data: bytes) -> dict[str, dict[str, Any]]:
+    """An entities.ftm.json (or as-of stream) by id, list order removed."""
+    out = {}
+    for line in data.splitlines():
+        if line.strip():
+            entity = orjson.loads(line)
+            out[entity["id"]] = normal(entity)
+    return out
+
+
+def read(ds: Dataset, path: str) -> bytes:
+    return ds.store.read_bytes(cv.dataset_path(ds.name, path))
+
+
+def renamed(entity: dict[str, Any], prop: str, value: str) -> dict[str, Any]:
+    """The same entity with one more property value (a modification)."""
+    changed = json.loads(json.dumps(entity))
+    changed["properties"].setdefault(prop, []).append(value)
+    return changed
+
+
+# --- publishing ------------------------------------------------------------------
+
+
+def test_each_change_publishes_one_linked_version(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    ds = lake.create_dataset("versioned")
+    entities = sample_entities()
+    for e in entities[:5]:
+        ds.add_entity(e)
+    first = ds.make().written["index"]["version"]
+    assert first["sequence"] == 1 and first["diff"]["counts"] == {"ADD": 5, "MOD": 0, "DEL": 0}
+    # nothing new: no version, index.json kept as it was
+    index_before = read(ds, cv.INDEX)
+    again = ds.make(force=True).written["index"]["version"]
+    assert again["sequence"] is None and "nothing changed" in again["skipped"]
+    assert read(ds, cv.INDEX) == index_before
+    for e in entities[5:]:
+        ds.add_entity(e)
+    ds.delete_entity(str(entities[0]["id"]))
+    second = ds.make().written["index"]["version"]
+    assert second["sequence"] == 2
+    assert second["diff"]["counts"]["DEL"] == 1
+    assert second["diff"]["counts"]["ADD"] == len(entities) - 5
+
+    history = ds.versions()
+    assert [v.sequence for v in history] == [1, 2]
+    v1, v2 = history
+    m = v2.manifest
+    # Lode: self-describing, explicit metadata, parent, files with sizes, checksums, stats
+    assert m["schema"] == versions.MANIFEST_SCHEMA and m["dataset"] == ds.name
+    assert m["metadata"] == {} and m["parent_snapshot_id"] == v1.snapshot_id
+    assert m["parent_hash"] == v1.hash == versions.manifest_hash(v1.manifest)
+    assert v2.created_at > v1.created_at
+    files = m["tables"]["statements"]["files"]
+    assert files and all(len(f["sha256"]) == 64 and f["size"] > 0 for f in files)
+    assert sum(f["stats"]["rows"] for f in files) == m["totals"]["statements"]
+    assert all("canonical_id" in f["stats"]["columns"] for f in files)
+    assert m["tables"]["translog"]["log"], "the Delta log entries since the parent are hashed"
+    # the logical hash is statements.csv's, and the exports are listed with their hashes
+    csv = read(ds, cv.STATEMENTS_CSV)
+    assert m["logical_hash"] == versions.multihash(hashlib.sha256(csv).digest())
+    assert {e["kind"] for e in m["exports"]} == {"statements", "entities", "statistics", "index"}
+    assert m["totals"]["entities"] == len(entities) - 1
+    assert m["totals"]["live_statements"] == csv.count(b"\n") - 1
+    # the published index.json is the live one; latest.json and the Delta history name the head
+    assert read(ds, cv.INDEX) == ds.store.read_bytes(
+        cv.dataset_version(ds.name, cv.INDEX, v2.created_at)
+    )
+    assert json.loads(ds.store.read_text(versions.latest_path(ds.name)))["hash"] == v2.hash
+    assert versions.delta_tags(ds) == {1: v1.hash, 2: v2.hash}
+    report = ds.verify(deep=True)
+    assert report.ok, report.problems
+    assert report.versions == 2 and report.head == v2.hash
+
+
+def test_racing_publishers_make_one_version(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    """Two publishers of the same snapshot: one sequence number, one winner; the
+    loser retries on the new head, finds nothing changed and publishes nothing."""
+    ds = lake.create_dataset("racing")
+    for e in sample_entities()[:4]:
+        ds.add_entity(e)
+    ds.export(["statements", "entities", "statistics"])
+    snapshot = ds.snapshot()
+    both = threading.Barrier(2, timeout=60)
+    results: list[versions.PublishResult] = []
+    errors: list[BaseException] = []
+
+    def publisher() -> None:
+        try:
+            results.append(versions.publish(ds, snapshot, index_text="{}", statements_fresh=True))
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=publisher) for _ in range(2)]
+    with faults.on("publish.after_files", both.wait):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert not errors, errors
+    published = [r for r in results if r.version is not None]
+    assert len(published) == 1 and published[0].version is not None
+    loser = next(r for r in results if r.version is None)
+    assert loser.attempts == 2 and "nothing changed since version 1" in str(loser.skipped)
+    assert [v.sequence for v in ds.versions()] == [1]
+    # the loser removed what it had written: one manifest under versions/
+    manifests = [
+        p
+        for p in ds.store.list(cv.dataset_path(ds.name, "versions"))
+        if p.endswith(versions.MANIFEST)
+    ]
+    assert len(manifests) == 1
+    assert ds.verify().ok
+
+
+PUBLISH = """
+import sys
+from lakehouse_assets.lake import Lakehouse
+lake = Lakehouse(sys.argv[1], journal_url=sys.argv[2])
+lake.dataset(sys.argv[3]).make()
+"""
+
+
+@pytest.mark.parametrize("point", faults.PUBLISH_POINTS)
+def test_a_publish_killed_at_any_point_is_finished_by_the_next(
+    spark, local_lake: Lakehouse, point: str
+) -> None:  # type: ignore[no-untyped-def]
+    ds = local_lake.create_dataset("killed")
+    entities = sample_entities()
+    for e in entities[:4]:
+        ds.add_entity(e)
+    ds.make()
+    for e in entities[4:8]:
+        ds.add_entity(e)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            PUBLISH,
+            local_lake.store.uri,
+            local_lake.settings.resolved_journal_url(),
+            ds.name,
+        ],
+        env={**os.environ, "LAKEHOUSE_CRASH_AT": point},
+        capture_output=True,
+        timeout=300,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    ds.make()  # finishes (or redoes) the publish
+    history = ds.versions()
+    assert [v.sequence for v in history] == [1, 2]
+    assert history[-1].manifest["totals"]["entities"] == 8
+    report = ds.verify(deep=True)
+    assert report.ok, report.problems
+    assert versions.delta_tags(ds) == {v.sequence: v.hash for v in history}
+    assert read(ds, cv.INDEX) == ds.store.read_bytes(
+        cv.dataset_version(ds.name, cv.INDEX, history[-1].created_at)
+    )
+
+
+# --- as-of reads -------------------------------------------------------------------
+
+
+def test_as_of_reads_equal_what_each_version_exported(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    """After writes, deletes, a modification, compact and optimize, every earlier
+    version reads back exactly as it was exported then."""
+    ds = lake.create_dataset("as_of")
+    entities = sample_entities()
+    exported: dict[int, dict[str, bytes]] = {}
+
+    def publish() -> int:
+        seq = ds.make().written["index"]["version"]["sequence"]
+        assert seq is not None
+        exported[seq] = {
+            "statements": read(ds, cv.STATEMENTS_CSV),
+            "entities": read(ds, cv.ENTITIES_JSON),
+            "statistics": read(ds, cv.STATISTICS_JSON),
+        }
+        return int(seq)
+
+    for e in entities[:6]:
+        ds.add_entity(e)
+    publish()
+    doomed = str(entities[0]["id"])
+    ds.delete_entity(doomed)
+    ds.add_entity(renamed(entities[1], "summary", "changed in version 2"))
+    publish()
+    ds.compact()
+    for e in entities[6:]:
+        ds.add_entity(e)
+    publish()
+    ds.optimize()
+    ds.add_entity(entities[0])  # back again
+    publish()
+
+    for seq, files in exported.items():
+        out = io.BytesIO()
+        ds.export_as_of(seq, "statements", out)
+        assert out.getvalue() == files["statements"], f"statements.csv of version {seq}"
+        out = io.BytesIO()
+        ds.export_as_of(seq, "entities", out)
+        assert entities_of(out.getvalue()) == entities_of(files["entities"])
+        streamed = b"\n".join(orjson.dumps(e) for e in ds.stream_entities(as_of=seq))
+        assert entities_of(streamed) == entities_of(files["entities"])
+        out = io.BytesIO()
+        ds.export_as_of(seq, "statistics", out)
+        got, want = json.loads(out.getvalue()), json.loads(files["statistics"])
+        assert got["entity_count"] == want["entity_count"]
+        assert got["things"]["total"] == want["things"]["total"]
+    # point reads: the deleted entity exists in version 1, not in 2 or 3, again in 4
+    assert [ds.get_entity(doomed, as_of=s) is not None for s in (1, 2, 3, 4)] == [
+        True,
+        False,
+        False,
+        True,
+    ]
+    # by snapshot id and by time
+    v2 = ds.versions()[1]
+    assert ds.version(v2.snapshot_id) == v2
+    assert ds.version(v2.manifest["created_at"]) == v2
+    with pytest.raises(versions.VersionNotFoundError, match="no version 9"):
+        ds.version(9)
+    with pytest.raises(versions.VersionNotFoundError, match="no published version at"):
+        ds.version("2001-01-01T00:00:00")
+    assert ds.verify(deep=True).ok
+
+
+def test_an_as_of_read_beyond_vacuum_retention_says_what_to_set(
+    spark, local_lake: Lakehouse
+) -> None:  # type: ignore[no-untyped-def]
+    ds = local_lake.create_dataset("vacuumed")
+    entities = sample_entities()
+    for e in entities[:4]:
+        ds.add_entity(e)
+    ds.make()
+    ds.delete_entity(str(entities[0]["id"]))
+    ds.make()
+    ds.optimize(vacuum=True, retention_hours=0)
+    with pytest.raises(versions.VersionExpiredError, match="LAKEHOUSE_VACUUM_RETENTION_HOURS"):
+        ds.get_entity(str(entities[1]["id"]), as_of=1)
+    # the head is still readable, and verify accepts files vacuumed after being replaced
+    assert ds.get_entity(str(entities[1]["id"]), as_of=2) is not None
+    report = ds.verify()
+    assert report.ok, report.problems
+
+
+# --- diffs ---------------------------------------------------------------------------
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(0, 11)),
+        st.tuples(st.just("delete"), st.integers(0, 11)),
+        st.tuples(st.just("modify"), st.integers(0, 11)),
+        st.tuples(st.just("compact"), st.just(0)),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@settings(max_examples=examples(3, 25))
+@given(history=st.lists(OPS, min_size=1, max_size=examples(3, 5)))
+def test_parent_export_plus_diff_is_the_new_export(spark, tmp_path_factory, history) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("diffs")
+    lake = Lakehouse(root / "lake", journal_url=f"sqlite:///{root / 'journal.sqlite'}")
+    ds = lake.create_dataset("diffs")
+    entities = sample_entities()
+    for e in entities[:4]:
+        ds.add_entity(e)
+    ds.make()
+    state = entities_of(read(ds, cv.ENTITIES_JSON))
+    for step, ops in enumerate(history):
+        for op, i in ops:
+            entity = entities[i % len(entities)]
+            if op == "add":
+                ds.add_entity(entity)
+            elif op == "delete":
+                ds.delete_entity(str(entity["id"]))
+            elif op == "modify":
+                ds.add_entity(renamed(entity, "summary", f"step {step}"))
+            else:
+                ds.flush()
+                ds.compact()
+        written = ds.make().written
+        version = written["index"]["version"] if "index" in written else {"sequence": None}
+        now = entities_of(read(ds, cv.ENTITIES_JSON))
+        if version["sequence"] is None:
+            assert now == state  # nothing published means nothing changed
+            continue
+        diff = read(ds, version["diff"]["path"])
+        applied = dict(state)
+        for line in diff.splitlines():
+            change = orjson.loads(line)
+            assert change["op"] in ("ADD", "MOD", "DEL")
+            eid = change["entity"]["id"]
+            if change["op"] == "DEL":
+                assert eid in applied
+                del applied[eid]
+            else:
+                assert (eid in applied) == (change["op"] == "MOD")
+                applied[eid] = normal(change["entity"])
+        assert applied == now
+        state = now
+    index = json.loads(ds.store.read_text(versions.diff_index_path(ds.name)))
+    assert [d["sequence"] for d in index["diffs"]] == [v.sequence for v in ds.versions()]
+
+
+# --- verify against tampering ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def published(spark, tmp_path_factory: pytest.TempPathFactory) -> Path:  # type: ignore[no-untyped-def]
+    """A local lake with three published versions (changes, deletes, compact)."""
+    root = tmp_path_factory.mktemp("published")
+    lake = Lakehouse(root / "lake", journal_url=f"sqlite:///{root / 'journal.sqlite'}")
+    ds = lake.create_dataset("tampered")
+    entities = sample_entities()
+    for e in entities[:5]:
+        ds.add_entity(e)
+    ds.make()
+    for e in entities[5:]:
+        ds.add_entity(e)
+    ds.make()
+    ds.delete_entity(str(entities[2]["id"]))
+    ds.flush()
+    ds.compact()
+    ds.make()
+    assert ds.verify(deep=True).ok
+    return root
+
+
+def _manifest(root: Path, seq: int) -> Path:
+    entry = json.loads((root / "lake/tampered/versions/chain" / f"{seq:010d}.json").read_text())
+    return root / "lake" / entry["path"]
+
+
+def _rewrite_manifest(root: Path, seq: int, change: Callable[[dict[str, Any]], None]) -> None:
+    """Edit a manifest and re-hash its chain entry (a forger covering their tracks)."""
+    path = _manifest(root, seq)
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+    entry_path = root / "lake/tampered/versions/chain" / f"{seq:010d}.json"
+    entry = json.loads(entry_path.read_text())
+    entry["hash"] = versions.manifest_hash(manifest)
+    entry_path.write_text(json.dumps(entry))
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _head_file(root: Path, table: str) -> Path:
+    manifest = json.loads(_manifest(root, 3).read_text())
+    rel = manifest["tables"][table]["files"][0]["path"]
+    folder = cv.STATEMENTS_TABLE if table == "statements" else cv.TRANSLOG_TABLE
+    return root / "lake/tampered" / folder / rel
+
+
+def _log(root: Path, table: str, version: int) -> Path:
+    folder = cv.STATEMENTS_TABLE if table == "statements" else cv.TRANSLOG_TABLE
+    return root / "lake/tampered" / folder / "_delta_log" / f"{version:020d}.json"
+
+
+def _edit_footer(path: Path) -> None:
+    """Change one byte inside the Parquet footer (where the statistics live)."""
+    data = path.read_bytes()
+    footer = int.from_bytes(data[-8:-4], "little")
+    _flip(path, len(data) - 8 - footer // 2)
+
+
+def _add_data_file(root: Path) -> None:
+    """A copy of a data file added to the head's statements commit."""
+    manifest = json.loads(_manifest(root, 3).read_text())
+    version = manifest["tables"]["statements"]["version"]
+    source = _head_file(root, "statements")
+    copy = source.with_name("part-forged.parquet")
+    shutil.copy(source, copy)
+    rel = str(copy.relative_to(root / "lake/tampered" / cv.STATEMENTS_TABLE))
+    log = _log(root, "statements", version)
+    lines = log.read_text().splitlines()
+    add = next(json.loads(line) for line in lines if '"add"' in line)
+    add["add"]["path"] = rel
+    log.write_text("\n".join([*lines, json.dumps(add)]) + "\n")
+
+
+def _rewrite_log_stats(root: Path) -> None:
+    log = _log(root, "statements", 0)
+    text = log.read_text()
+    assert '\\"numRecords\\":' in text
+    log.write_text(text.replace('\\"numRecords\\":', '\\"numRecords\\":1', 1))
+
+
+def _rewrite_delta_tag(root: Path) -> None:
+    """The head's hash in the translog's commit metadata replaced."""
+    folder = root / "lake/tampered" / cv.TRANSLOG_TABLE / "_delta_log"
+    head = json.loads(_manifest(root, 3).read_text())
+    head_hash = versions.manifest_hash(head)
+    for log in sorted(folder.glob("*.json")):
+        text = log.read_text()
+        if head_hash in text:
+            log.write_text(text.replace(head_hash, versions.SHA256_PREFIX + "0" * 64))
+            return
+    raise AssertionError("no commit carries the head's hash")
+
+
+def _swap_manifests(root: Path) -> None:
+    one, two = _manifest(root, 1), _manifest(root, 2)
+    a, b = one.read_bytes(), two.read_bytes()
+    one.write_bytes(b)
+    two.write_bytes(a)
+
+
+def _forge_latest(root: Path) -> None:
+    path = root / "lake/tampered/versions/latest.json"
+    pointer = json.loads(path.read_text())
+    pointer["hash"] = versions.SHA256_PREFIX + "1" * 64
+    path.write_text(json.dumps(pointer))
+
+
+def _diff_file(root: Path, seq: int) -> Path:
+    manifest = json.loads(_manifest(root, seq).read_text())
+    return root / "lake/tampered" / manifest["diff"]["path"]
+
+
+def _published_index(root: Path, seq: int) -> Path:
+    return _manifest(root, seq).with_name("index.json")
+
+
+#: name → (tamper, what the failure must name)
+TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
+    "export byte edited": (
+        lambda r: _flip(r / "lake/tampered/exports/statements.csv", 200),
+        "exports/statements.csv: export differs",
+    ),
+    "export truncated": (
+        lambda r: (r / "lake/tampered/entities.ftm.json").write_bytes(
+            (r / "lake/tampered/entities.ftm.json").read_bytes()[:100]
+        ),
+        "entities.ftm.json: export differs",
+    ),
+    "export removed": (
+        lambda r: (r / "lake/tampered/exports/statistics.json").unlink(),
+        "statistics.json: export is missing",
+    ),
+    "live index.json edited": (
+        lambda r: (r / "lake/tampered/index.json").write_text("{}"),
+        "tampered/index.json: export differs",
+    ),
+    "published index.json of an old version edited": (
+        lambda r: _flip(_published_index(r, 1), 10),
+        "version 1: ",
+    ),
+    "parquet file truncated": (
+        lambda r: _head_file(r, "statements").write_bytes(
+            _head_file(r, "statements").read_bytes()[:-100]
+        ),
+        "data file content differs",
+    ),
+    "parquet footer statistic edited": (
+        lambda r: _edit_footer(_head_file(r, "statements")),
+        "data file content differs",
+    ),
+    "data file removed": (
+        lambda r: _head_file(r, "statements").unlink(),
+        "data file is missing",
+    ),
+    "translog file edited": (
+        lambda r: _flip(_head_file(r, "translog"), 40),
+        "data file content differs",
+    ),
+    "data file added to a commit": (_add_data_file, "Delta log entry was rewritten"),
+    "Delta log entry rewritten": (_rewrite_log_stats, "Delta log entry was rewritten"),
+    "Delta log entry removed": (
+        lambda r: _log(r, "translog", 1).unlink(),
+        "Delta log entry is missing",
+    ),
+    "Delta commit metadata rewritten": (_rewrite_delta_tag, "names another manifest"),
+    "manifest edited": (
+        lambda r: _manifest(r, 2).write_text(
+            _manifest(r, 2).read_text().replace('"live_statements": ', '"live_statements": 1', 1)
+        ),
+        "version 2: ",
+    ),
+    "manifest removed": (lambda r: _manifest(r, 2).unlink(), "manifest is missing"),
+    "manifests reordered": (_swap_manifests, "manifest was altered"),
+    "chain entry removed": (
+        lambda r: (r / "lake/tampered/versions/chain/0000000002.json").unlink(),
+        "sequence gap",
+    ),
+    "forged parent hash": (
+        lambda r: _rewrite_manifest(
+            r, 3, lambda m: m.update(parent_hash=versions.SHA256_PREFIX + "2" * 64)
+        ),
+        "parent hash does not match",
+    ),
+    "sequence number edited": (
+        lambda r: _rewrite_manifest(r, 2, lambda m: m.update(sequence=7)),
+        "manifest says sequence 7",
+    ),
+    "time moved before the parent": (
+        lambda r: _rewrite_manifest(
+            r, 2, lambda m: m.update(created_at="2001-01-01T00:00:00+00:00")
+        ),
+        "created before its parent",
+    ),
+    "head manifest rewritten and re-hashed": (
+        lambda r: _rewrite_manifest(r, 3, lambda m: m["totals"].update(entities=1)),
+        "names another manifest",
+    ),
+    "latest pointer forged": (_forge_latest, "points at a manifest the chain does not have"),
+    "diff edited": (lambda r: _flip(_diff_file(r, 2), 5), "diff differs"),
+    "diff removed": (lambda r: _diff_file(r, 3).unlink(), "diff is missing"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TAMPERING))
+def test_verify_names_every_kind_of_tampering(published: Path, tmp_path: Path, kind: str) -> None:
+    root = tmp_path / "copy"
+    shutil.copytree(published, root)
+    lake = Lakehouse(root / "lake", journal_url=f"sqlite:///{root / 'journal.sqlite'}")
+    ds = lake.dataset("tampered")
+    assert ds.verify().ok
+    tamper, expected = TAMPERING[kind]
+    tamper(root)
+    report = ds.verify()
+    assert not report.ok, f"{kind} was not detected"
+    assert any(expected in str(p) for p in report.problems), [str(p) for p in report.problems]
+
+
+def test_verify_checks_a_trusted_head(published: Path) -> None:
+    lake = Lakehouse(published / "lake", journal_url=f"sqlite:///{published / 'journal.sqlite'}")
+    ds = lake.dataset("tampered")
+    head = ds.version()
+    assert head is not None and ds.verify(trusted_head=head.hash).ok
+    older = ds.version(2)
+    assert older is not None
+    report = ds.verify(trusted_head=older.hash)
+    assert not report.ok and "not the trusted" in str(report.problems[0])
+
+
+# --- provenance, catalog, CLI ------------------------------------------------------
+
+
+def test_trace_names_origin_file_and_versions(spark, local_lake: Lakehouse, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ds = local_lake.create_dataset("traced")
+    entities = sample_entities()
+    for e in entities[:3]:
+        ds.add_entity(e, origin="import")
+    source = tmp_path / "memo.txt"
+    source.write_text("a memo")
+    meta = ds.add_file(str(source), create_document=True)
+    ds.make()
+    doomed = str(entities[0]["id"])
+    ds.delete_entity(doomed)
+    ds.add_entity(entities[3], origin="import")
+    ds.make()
+
+    gone = ds.trace(doomed)
+    assert gone and all(s["source"]["origin"] == "import" for s in gone)
+    assert all((s["published_in"], s["removed_in"]) == (1, 2) for s in gone)
+    assert all(s["deleted_at"] for s in gone)
+    later = ds.trace(str(entities[3]["id"]))
+    assert later and all((s["published_in"], s["removed_in"]) == (2, None) for s in later)
+    # a Document's statements lead to the archived file
+    document = ds.trace(meta.checksum)
+    assert document and document[0]["source"]["origin"] == "archive"
+    archived = document[0]["source"]["archive"][0]
+    assert archived["checksum"] == meta.checksum and archived["name"] == "memo.txt"
+    # one statement by its id
+    one = ds.trace(str(later[0]["id"]))
+    assert [s["id"] for s in one] == [later[0]["id"]]
+    assert ds.trace("no-such-thing") == []
+    # the catalog lists the head of every dataset, and keeps a snapshot per publish
+    catalog = json.loads(local_lake.store.read_text(cv.CATALOG_INDEX))
+    head = ds.version()
+    assert head is not None
+    (entry,) = [d for d in catalog["datasets"] if d["name"] == ds.name]
+    assert entry["version"]["hash"] == head.hash
+    assert entry["version"]["logical_hash"] == head.manifest["logical_hash"]
+    assert len([p for p in local_lake.store.list("versions/") if p.endswith("index.json")]) >= 2
+
+
+def test_cli_versions_verify_as_of(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    from click.testing import CliRunner
+
+    from lakehouse_assets.cli import cli
+
+    ds = local_lake.create_dataset("cli_versions")
+    entities = sample_entities()
+    for e in entities[:3]:
+        ds.add_entity(e)
+    ds.make()
+    ds.delete_entity(str(entities[0]["id"]))
+    ds.make()
+    base = [
+        "--lake",
+        local_lake.store.uri,
+        "--journal-url",
+        local_lake.settings.resolved_journal_url(),
+        "-d",
+        ds.name,
+    ]
+    runner = CliRunner()
+    out = runner.invoke(cli, [*base, "versions"])
+    assert out.exit_code == 0, out.output
+    assert "add 3" in out.output and "del 1" in out.output
+    out = runner.invoke(cli, [*base, "versions", "--json"])
+    assert [json.loads(line)["sequence"] for line in out.output.splitlines()] == [1, 2]
+    out = runner.invoke(cli, [*base, "verify", "--deep"])
+    assert out.exit_code == 0 and out.output.startswith("ok: cli_versions: 2 versions")
+    out = runner.invoke(cli, [*base, "get", str(entities[0]["id"]), "--as-of", "1"])
+    assert out.exit_code == 0 and json.loads(out.output)["id"] == entities[0]["id"]
+    out = runner.invoke(cli, [*base, "get", str(entities[0]["id"]), "--as-of", "2"])
+    assert out.exit_code == 1
+    out = runner.invoke(cli, [*base, "export", "statements", "--as-of", "1"])
+    assert out.exit_code == 0 and out.output.startswith('"canonical_id","entity_id"')
+    out = runner.invoke(cli, [*base, "query", "--as-of", "5"])
+    assert out.exit_code == 1 and "has no version 5" in out.output
+    out = runner.invoke(cli, [*base, "stream", "--as-of", "next tuesday"])
+    assert out.exit_code == 1 and "not a version number" in out.output
+    out = runner.invoke(cli, [*base, "trace", str(entities[1]["id"])])
+    assert out.exit_code == 0 and json.loads(out.output.splitlines()[0])["published_in"] == 1
+    # tampering: exit 1, the file named
+    csv = Path(local_lake.store.uri.removeprefix("file://")) / ds.name / cv.STATEMENTS_CSV
+    csv.write_bytes(csv.read_bytes().replace(b",", b";", 1))
+    out = runner.invoke(cli, [*base, "verify"])
+    assert out.exit_code == 1 and "exports/statements.csv: export differs" in out.output
