@@ -23,7 +23,9 @@ validated here *before* a path is built, so nothing can escape the lake
         ├── entities.ftm.json            aggregated entities export
         ├── mappings/{content_hash}/mapping.yml, versions/{timestamp}.yml
         ├── exports/statements.csv, statistics.json, graph.cypher
-        ├── versions/YYYY/MM/{timestamp}/{filename}
+        ├── versions/YYYY/MM/{snapshot_id}/manifest.json, index.json   a published version
+        ├── versions/chain/{sequence}.json, versions/latest.json       the version chain
+        ├── diffs/entities.ftm.json/{snapshot_id}.delta.json           entity changes
         ├── locks/{tenant}/{operation}
         ├── tags/{tenant}/{key}
         ├── queue/{tenant}/{uuid7}.json

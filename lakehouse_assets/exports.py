@@ -502,6 +502,8 @@ def export(
                     stamp({**read, cv.EXPORTS_STATISTICS: statistics}),
                     snapshot=pinned,
                     statements_fresh=STATEMENTS in spark_kinds or is_fresh(ds, STATEMENTS),
+                    entities_fresh=ENTITIES in spark_kinds or is_fresh(ds, ENTITIES),
+                    written=result.written,
                 )
             else:
                 result.skipped.append(INDEX)
@@ -559,7 +561,9 @@ def export_index(
     *,
     snapshot: DatasetSnapshot | None = None,
     statements_fresh: bool | None = None,
+    entities_fresh: bool | None = None,
     metadata: dict[str, Any] | None = None,
+    written: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write ``index.json`` (dataset metadata, stats, resource links) and publish a version.
 
@@ -574,6 +578,7 @@ def export_index(
     if snapshot is None:
         snapshot = ds.snapshot()
         statements_fresh = is_fresh(ds, STATEMENTS)
+        entities_fresh = is_fresh(ds, ENTITIES)
     config = ds.config()
     stats_path = cv.dataset_path(ds.name, cv.STATISTICS_JSON)
     stats = json.loads(ds.store.read_text(stats_path)) if ds.store.exists(stats_path) else None
@@ -599,7 +604,9 @@ def export_index(
         snapshot,
         index_text=text,
         statements_fresh=bool(statements_fresh),
+        entities_fresh=bool(entities_fresh),
         metadata=metadata,
+        known_exports={w["path"]: w for w in (written or {}).values() if "path" in w},
     )
     if built is None:
         ds.core_tags.touch(cv.EXPORTS_INDEX)

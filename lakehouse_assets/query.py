@@ -145,8 +145,46 @@ def live_chunks(
             yield chunk
 
 
-def to_statements(table: pa.Table) -> Iterator[Statement]:
-    for batch in table.to_batches(max_chunksize=10_000):
+def sorted_live_batches(
+    ds: Dataset, snapshot: DatasetSnapshot, batch_rows: int = 50_000
+) -> Iterator[pa.RecordBatch]:
+    """Every live statement of a snapshot in export order (globally sorted by
+    :data:`SORT`, as the Spark exports range-partition them), streamed.
+
+    DuckDB sorts (spilling to its temp folder beyond its memory limit) over
+    the snapshot's files as pyarrow datasets; the join and the first_seen /
+    last_seen rule are :func:`live_statements`'s. Used where a Python
+    rendering must equal an export byte for byte (exports of an earlier
+    version, the logical hash); :func:`live_chunks` is cheaper where bucket
+    order will do.
+    """
+    import duckdb
+
+    options = ds.statements_table.storage_options
+    main = arrow_dataset(  # noqa: F841 (DuckDB reads the local by name)
+        snapshot.statements.files, STATEMENTS_SCHEMA, options, partition=STATEMENTS_PARTITION
+    )
+    log = arrow_dataset(snapshot.translog.files, TRANSLOG_SCHEMA, options)  # noqa: F841
+    fields = ", ".join(
+        f"coalesce(l.{c}, m.{c}) AS {c}" if c in ("first_seen", "last_seen") else f"m.{c}"
+        for c in LIVE_SCHEMA.names
+    )
+    order = ", ".join(f"m.{c}" for c in SORT)
+    con = duckdb.connect(config={"threads": 1})
+    try:
+        reader = con.execute(
+            f"SELECT {fields} FROM main m LEFT JOIN log l ON m.origin = l.origin AND m.id = l.id "
+            f"WHERE l.deleted_at IS NULL ORDER BY {order}"
+        ).fetch_record_batch(batch_rows)
+        for batch in reader:
+            yield batch.cast(LIVE_SCHEMA) if batch.schema != LIVE_SCHEMA else batch
+    finally:
+        con.close()
+
+
+def to_statements(table: pa.Table | pa.RecordBatch) -> Iterator[Statement]:
+    batches = [table] if isinstance(table, pa.RecordBatch) else table.to_batches(10_000)
+    for batch in batches:
         for row in batch.to_pylist():
             yield statement_from_mapping(row)
 
@@ -249,8 +287,8 @@ def stream_entities(ds: Dataset, as_of: str | int | None = None) -> Iterator[dic
     """
     if as_of is not None:
         snapshot = version_snapshot(ds, as_of)
-        chunks = live_chunks(ds, snapshot=snapshot)
-        statements = (s for t in chunks for s in to_statements(t))
+        batches = sorted_live_batches(ds, snapshot)  # in the export's order
+        statements = (s for b in batches for s in to_statements(b))
         for entity in aggregate(ds.name, first_origin(statements)):
             yield entity.to_dict()
         return

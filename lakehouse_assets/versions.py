@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import IO, TYPE_CHECKING, Any, BinaryIO, Final, cast
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -169,10 +170,15 @@ def render_export(ds: Dataset, snapshot: DatasetSnapshot, kind: str, out: IO[byt
     from ftmq.model.stats import Collector
 
     from lakehouse_assets.entities import write_statements_csv
-    from lakehouse_assets.query import aggregate, first_origin, live_chunks, to_statements
+    from lakehouse_assets.query import (
+        aggregate,
+        first_origin,
+        sorted_live_batches,
+        to_statements,
+    )
 
     statements = first_origin(
-        s for chunk in live_chunks(ds, snapshot=snapshot) for s in to_statements(chunk)
+        s for batch in sorted_live_batches(ds, snapshot) for s in to_statements(batch)
     )
     if kind == "statements":
         text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True)
@@ -475,7 +481,11 @@ def _totals(ds: Dataset, snapshot: DatasetSnapshot) -> dict[str, Any]:
     }
 
 
-def _export_entries(ds: Dataset) -> list[dict[str, Any]]:
+def _export_entries(
+    ds: Dataset, known: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """The exports with size and SHA-256; ``known`` holds what the export pass that
+    just wrote a file computed while writing it (by path), so it is not read again."""
     from lakehouse_assets.exports import ENTITIES, EXPORTS, STATEMENTS, STATISTICS
 
     entries = []
@@ -484,12 +494,19 @@ def _export_entries(ds: Dataset) -> list[dict[str, Any]]:
         full = cv.dataset_path(ds.name, rel)
         if ds.store.exists(full):
             stamp = ds.core_tags.get(EXPORTS[kind][1])
+            size = ds.store.size(full)
+            written = (known or {}).get(rel)
+            sha = (
+                str(written["sha256"])
+                if written is not None and written.get("size") == size and written.get("sha256")
+                else sha256_of(ds, full)
+            )
             entries.append(
                 {
                     "kind": kind,
                     "path": rel,
-                    "size": ds.store.size(full),
-                    "sha256": sha256_of(ds, full),
+                    "size": size,
+                    "sha256": sha,
                     # the export's tag: verify tells a later rewrite from tampering
                     "stamp": stamp.isoformat() if stamp else None,
                 }
@@ -525,6 +542,7 @@ def build_manifest(
     statements_fresh: bool,
     metadata: Mapping[str, Any] | None = None,
     created_at: datetime | None = None,
+    known_exports: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The manifest of ``snapshot`` as the next version after ``parent``."""
     created = created_at or cv.utcnow()
@@ -538,7 +556,7 @@ def build_manifest(
         entry = _table_entry(ds, name, location, version, parent)
         if entry is not None:
             tables[name] = entry
-    exports = _export_entries(ds)
+    exports = _export_entries(ds, known_exports)
     by_kind = {e["kind"]: e for e in exports}
     totals = _totals(ds, snapshot)
     totals["statements"] = sum(
@@ -595,7 +613,9 @@ def publish(
     *,
     index_text: str,
     statements_fresh: bool,
+    entities_fresh: bool = False,
     metadata: Mapping[str, Any] | None = None,
+    known_exports: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> PublishResult:
     """Write the manifest of a new version, link it, tag the Delta history, write its diff.
 
@@ -622,6 +642,7 @@ def publish(
             index_text=index_text,
             statements_fresh=statements_fresh,
             metadata=metadata,
+            known_exports=known_exports,
         )
         if unchanged(manifest, parent):
             result.skipped = f"nothing changed since version {parent.sequence if parent else 0}"
@@ -633,7 +654,10 @@ def publish(
         except VersionExpiredError as exc:
             manifest["diff"] = {"skipped": str(exc)}
         else:
-            diff_data, counts = render_diff(ds, old, snapshot)
+            if old is None and entities_fresh:  # every entity is new: the export, wrapped
+                diff_data, counts = diff_from_export(ds)
+            else:
+                diff_data, counts = render_diff(ds, old, snapshot)
             manifest["diff"] = {
                 "path": diff_path(ds.name, manifest["snapshot_id"]).split("/", 1)[1],
                 "size": len(diff_data),
@@ -772,14 +796,24 @@ def _changed_translog_keys(
     added = [f for p, f in new_files.items() if p not in old_files]
     removed = [f for p, f in old_files.items() if p not in new_files]
     cols = ["origin", "id", "bucket", "deleted_at", "first_seen", "last_seen"]
-    new_rows = arrow_dataset(added, TRANSLOG_SCHEMA, options).to_table(columns=cols)
-    old_rows = arrow_dataset(removed, TRANSLOG_SCHEMA, options).to_table(columns=cols)
+    new_rows = _no_nulls(arrow_dataset(added, TRANSLOG_SCHEMA, options).to_table(columns=cols))
+    old_rows = _no_nulls(arrow_dataset(removed, TRANSLOG_SCHEMA, options).to_table(columns=cols))
     key = ["origin", "id", "bucket", "deleted_at", "first_seen", "last_seen"]
     same = new_rows.join(old_rows, keys=key, join_type="inner").select(["origin", "id"])
     if same.num_rows:
         new_rows = new_rows.join(same, keys=["origin", "id"], join_type="left anti")
         old_rows = old_rows.join(same, keys=["origin", "id"], join_type="left anti")
     return new_rows, old_rows
+
+
+def _no_nulls(table: pa.Table) -> pa.Table:
+    """Null timestamps as empty strings: a join never matches null keys, and a live
+    row (``deleted_at`` null) must match itself."""
+    for i, name in enumerate(table.column_names):
+        if name in ("deleted_at", "first_seen", "last_seen"):
+            column = pc.fill_null(table.column(i).cast(pa.string()), "")
+            table = table.set_column(i, name, column)
+    return table
 
 
 def _canonical_ids(ds: Dataset, snapshot: DatasetSnapshot | None, rows: pa.Table) -> set[str]:
@@ -859,8 +893,26 @@ def render_diff(
     out = io.BytesIO()
     for change in entity_changes(ds, old, new):
         counts[change["op"]] += 1
-        out.write(json.dumps(change, ensure_ascii=False, sort_keys=True).encode() + b"\n")
+        out.write(orjson.dumps(change) + b"\n")
     return out.getvalue(), counts
+
+
+def diff_from_export(ds: Dataset) -> tuple[bytes, dict[str, int]]:
+    """The first version's diff: every entity of ``entities.ftm.json`` added.
+
+    Only valid when that export renders the snapshot being published (it is
+    fresh); building 200k entities again in Python would cost a minute at 1M
+    statements, wrapping the export's lines costs a second.
+    """
+    out = io.BytesIO()
+    count = 0
+    with ds.store.open_read(cv.dataset_path(ds.name, cv.ENTITIES_JSON)) as fh:
+        for line in fh:
+            line = line.rstrip(b"\n")
+            if line:
+                out.write(b'{"op":"ADD","entity":' + line + b"}\n")
+                count += 1
+    return out.getvalue(), {"ADD": count, "MOD": 0, "DEL": 0}
 
 
 # --- verify -------------------------------------------------------------------
