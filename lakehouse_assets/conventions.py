@@ -30,6 +30,9 @@ validated here *before* a path is built, so nothing can escape the lake
         ├── tags/{tenant}/{key}
         ├── queue/{tenant}/{uuid7}.json
         ├── jobs/runs/{job_type}/{timestamp}.json
+        ├── graph/by_source/prop={prop}/*.parquet  Delta table: edges sorted by source
+        ├── graph/by_target/prop={prop}/*.parquet  Delta table: edges sorted by target
+        ├── graph/tombstones/*.parquet, graph/state.json
         ├── checks/{name}.json           last data-check results, by the snapshot they judged
         └── _staging/{operation}-{run id}/  intermediate files of a running operation
 """
@@ -189,6 +192,11 @@ JOB_RUNS: Final = "jobs/runs"
 #: Intermediate files of running operations (see :mod:`lakehouse_assets.staging`).
 STAGING: Final = "_staging"
 CHECKS: Final = "checks"
+#: The graph index (see :mod:`lakehouse_assets.graph`).
+GRAPH_BY_SOURCE: Final = "graph/by_source"
+GRAPH_BY_TARGET: Final = "graph/by_target"
+GRAPH_TOMBSTONES: Final = "graph/tombstones"
+GRAPH_STATE: Final = "graph/state.json"
 
 
 def check_cache(dataset: str, name: str) -> str:

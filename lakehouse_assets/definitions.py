@@ -1,8 +1,9 @@
 """The one Dagster ``Definitions`` object of the project (loaded by workspace.yaml).
 
 - assets: the dataset-partitioned chain archive → journal → statements +
-  translog → statements_csv / entities_ftm_json / statistics → index
-  (:mod:`lakehouse_assets.defs.assets`), with data checks (``defs.checks``);
+  translog → statements_csv / entities_ftm_json / statistics → index, and
+  statements + translog → graph (:mod:`lakehouse_assets.defs.assets`), with data
+  checks (``defs.checks``);
 - automation: the executable assets materialize by ``AutomationCondition.eager()``,
   evaluated by the ``lakehouse_automation`` sensor;
 - sensors: new datasets, archive files, journal writes (``defs.sensors``),
@@ -29,7 +30,7 @@ from lakehouse_assets.settings import Settings
 
 #: Everything Dagster computes (archive and journal are reported, not computed).
 COMPUTED = dg.AssetSelection.assets(
-    "statements", "translog", "statements_csv", "entities_ftm_json", "statistics", "index"
+    "statements", "translog", "statements_csv", "entities_ftm_json", "statistics", "index", "graph"
 )
 
 refresh_dataset = dg.define_asset_job(

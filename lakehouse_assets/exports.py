@@ -104,6 +104,7 @@ class ExportResult:
     flushed: dict[str, Any] | None = None
     pending: int = 0
     snapshot: tuple[int | None, int | None] = (None, None)
+    graph: dict[str, Any] | None = None
     seconds: float = 0.0
     #: leftovers of killed exports removed by this one
     cleaned: dict[str, int] = field(default_factory=dict)
@@ -117,6 +118,7 @@ class ExportResult:
             "snapshot": list(self.snapshot),
             "seconds": round(self.seconds, 3),
             "cleaned": self.cleaned,
+            **({"graph": self.graph} if self.graph is not None else {}),
         }
 
 
@@ -531,8 +533,14 @@ def export_statistics(ds: Dataset, force: bool = False) -> ExportResult:
 
 
 def make(ds: Dataset, force: bool = False) -> ExportResult:
-    """Flush if needed, then every export that is not fresh, then index.json."""
-    return export(ds, [STATEMENTS, ENTITIES, STATISTICS, INDEX], force)
+    """Flush if needed, then every export that is not fresh, then index.json;
+    and the graph index, if the dataset has one, brought up to date."""
+    from lakehouse_assets import graph
+
+    result = export(ds, [STATEMENTS, ENTITIES, STATISTICS, INDEX], force)
+    if graph.GraphState.load(ds) is not None:
+        result.graph = graph.update(ds).as_dict()
+    return result
 
 
 def _resource(ds: Dataset, kind: str) -> dict[str, Any] | None:

@@ -59,7 +59,10 @@ PUBLISH_POINTS: Final = (
     "publish.after_entry",
     "publish.after_tag",
 )
-ALL_POINTS: Final = FLUSH_POINTS + EXPORT_POINTS + COMPACT_POINTS + OPTIMIZE_POINTS + PUBLISH_POINTS
+GRAPH_POINTS: Final = ("graph.after_source", "graph.after_target")
+ALL_POINTS: Final = (
+    FLUSH_POINTS + EXPORT_POINTS + COMPACT_POINTS + OPTIMIZE_POINTS + PUBLISH_POINTS + GRAPH_POINTS
+)
 
 _hooks: dict[str, list[Callable[[], None]]] = {}
 _hits: Counter[str] = Counter()

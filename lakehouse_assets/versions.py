@@ -780,7 +780,7 @@ def delta_tags(ds: Dataset) -> dict[int, str]:
 # --- diffs --------------------------------------------------------------------
 
 
-def _changed_translog_keys(
+def changed_translog_rows(
     ds: Dataset, old: DatasetSnapshot | None, new: DatasetSnapshot
 ) -> tuple[pa.Table, pa.Table]:
     """Translog rows (origin, id, bucket) that differ between two snapshots.
@@ -869,7 +869,7 @@ def entity_changes(
     ds: Dataset, old: DatasetSnapshot | None, new: DatasetSnapshot
 ) -> Iterator[dict[str, Any]]:
     """``{"op": ADD|MOD|DEL, "entity": ...}`` for every entity that differs, by id."""
-    new_rows, old_rows = _changed_translog_keys(ds, old, new)
+    new_rows, old_rows = changed_translog_rows(ds, old, new)
     ids = sorted(_canonical_ids(ds, new, new_rows) | _canonical_ids(ds, old, old_rows))
     for start in range(0, len(ids), 5000):
         batch = ids[start : start + 5000]

@@ -138,6 +138,22 @@ def lake(request: pytest.FixtureRequest, tmp_path: Path) -> Lakehouse:
     return Lakehouse(f"s3://{bucket}/lake", settings=settings, journal_url=journal)
 
 
+def lakehouse_env(lake: Lakehouse, **extra: str) -> dict[str, str]:
+    """The environment a child process needs to open this lake (local or S3)."""
+    env = {**os.environ, **extra}
+    env["LAKEHOUSE_LAKE_URI"] = lake.store.uri
+    env["LAKEHOUSE_JOURNAL_URL"] = lake.settings.resolved_journal_url()
+    s = lake.settings
+    for key, value in (
+        ("LAKEHOUSE_S3_ENDPOINT_URL", s.s3_endpoint_url),
+        ("LAKEHOUSE_S3_ACCESS_KEY_ID", s.s3_access_key_id),
+        ("LAKEHOUSE_S3_SECRET_ACCESS_KEY", s.s3_secret_access_key),
+    ):
+        if value:
+            env[key] = value
+    return env
+
+
 @pytest.fixture
 def local_lake(tmp_path: Path) -> Lakehouse:
     return Lakehouse(tmp_path / "lake", journal_url=f"sqlite:///{tmp_path / 'journal.sqlite'}")

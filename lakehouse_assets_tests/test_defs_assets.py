@@ -33,6 +33,7 @@ KEYS = {
     "entities_ftm_json",
     "statistics",
     "index",
+    "graph",
 }
 LINEAGE = {
     "archive": set(),
@@ -44,6 +45,7 @@ LINEAGE = {
     "entities_ftm_json": {"statements", "translog"},
     "statistics": {"statements", "translog"},
     "index": {"statements_csv", "entities_ftm_json", "statistics"},
+    "graph": {"statements", "translog"},
 }
 
 
@@ -66,6 +68,7 @@ def test_definitions_load_with_the_specified_graph() -> None:
         "references_resolve",
         "exports_match_statements",
         "versions_verified",
+        "graph_edges_match",
     }
     for name in (
         "new_datasets",
@@ -178,6 +181,8 @@ def test_materialize_the_graph_twice(
     assert mats["entities_ftm_json"]["built_from_statements_version"] == built[0]
     assert mats["entities_ftm_json"]["built_from_translog_version"] == built[1]
     assert checks(first)["versions_verified"]
+    assert checks(first)["graph_edges_match"]
+    assert mats["graph"]["mode"] == "rebuild" and mats["graph"]["edges"] > 0
 
     # tenants write a new entity and delete another; the graph runs again
     gone = str(entities[0]["id"])
@@ -199,6 +204,8 @@ def test_materialize_the_graph_twice(
     assert mats["index"]["version"] == 2
     assert (mats["index"]["entities_add"], mats["index"]["entities_del"]) == (1, 1)
     assert checks(second)["versions_verified"]
+    assert checks(second)["graph_edges_match"]
+    assert mats["graph"]["mode"] == "update"
 
     # both journal writes were reported (as the sensor would), once each
     records = instance.fetch_materializations(

@@ -16,6 +16,7 @@ import pytest
 from lakehouse_assets import faults
 from lakehouse_assets.journal import bucket_of
 from lakehouse_assets.lake import Dataset, Lakehouse
+from lakehouse_assets_tests.conftest import lakehouse_env
 
 
 def person(entity_id: str) -> dict[str, Any]:
@@ -128,24 +129,6 @@ def test_write_committed_inside_a_flush_batch_is_kept(
 
 
 # --- writers in separate processes ---------------------------------------------------
-
-
-def lakehouse_env(lake: Lakehouse, **extra: str) -> dict[str, str]:
-    """The environment a child process needs to open this lake (local or S3)."""
-    import os
-
-    env = {**os.environ, **extra}
-    env["LAKEHOUSE_LAKE_URI"] = lake.store.uri
-    env["LAKEHOUSE_JOURNAL_URL"] = lake.settings.resolved_journal_url()
-    s = lake.settings
-    for key, value in (
-        ("LAKEHOUSE_S3_ENDPOINT_URL", s.s3_endpoint_url),
-        ("LAKEHOUSE_S3_ACCESS_KEY_ID", s.s3_access_key_id),
-        ("LAKEHOUSE_S3_SECRET_ACCESS_KEY", s.s3_secret_access_key),
-    ):
-        if value:
-            env[key] = value
-    return env
 
 
 def cli_process(lake: Lakehouse, tenant: str, *args: str, **env: str) -> Any:

@@ -47,7 +47,7 @@ from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.query import SORT, ftm_dataset
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.tables import STATEMENTS_SCHEMA, Snapshot, read_files
-from lakehouse_assets_tests.conftest import examples, make_bucket, sample_entities
+from lakehouse_assets_tests.conftest import examples, lakehouse_env, make_bucket, sample_entities
 
 BASE = sample_entities()[:8]
 #: The entity pool: sample entities and variants of some (other property values).
@@ -189,19 +189,7 @@ CRASH_POINTS = {
 }
 
 
-def child_env(lake: Lakehouse, **extra: str) -> dict[str, str]:
-    import os
-
-    env = {**os.environ, **extra}
-    s = lake.settings
-    for key, value in (
-        ("LAKEHOUSE_S3_ENDPOINT_URL", s.s3_endpoint_url),
-        ("LAKEHOUSE_S3_ACCESS_KEY_ID", s.s3_access_key_id),
-        ("LAKEHOUSE_S3_SECRET_ACCESS_KEY", s.s3_secret_access_key),
-    ):
-        if value:
-            env[key] = value
-    return env
+child_env = lakehouse_env
 
 
 def crash(ds: Dataset, op: str, point: str, hit: int = 1) -> bool:

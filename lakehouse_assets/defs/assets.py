@@ -1,8 +1,9 @@
 """The dataset-partitioned asset graph of the specification's dependency chain.
 
     archive → mappings → journal → statements + translog → statements_csv,
-        └──────────────────┘                               entities_ftm_json,
-                                                           statistics → index
+        └──────────────────┘                  │            entities_ftm_json,
+                                              │            statistics → index
+                                              └→ graph (the graph index)
 
 ``archive``, ``mappings`` and ``journal`` are written by tenants outside
 Dagster: they are external assets whose changes the sensors report (with the
@@ -13,6 +14,7 @@ one Spark pass, then the index.
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -20,6 +22,7 @@ from pydantic import Field
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.defs.metadata import (
     export_metadata,
+    markdown_table,
     schema_distribution,
     table_metadata,
     table_summary,
@@ -222,6 +225,46 @@ def index(
     return dg.MaterializeResult(metadata=meta, data_version=tag_version(ds, cv.EXPORTS_INDEX))
 
 
+@dg.asset(
+    deps=["statements", "translog"],
+    partitions_def=datasets,
+    group_name=GROUP,
+    kinds={"delta"},
+    automation_condition=AUTOMATION,
+    description="Graph index (`graph/by_source`, `graph/by_target`, partitioned by "
+    "property, bloom filters on the lookup column): entity-typed statements as edges, "
+    "kept up to date incrementally (tombstones for deletes); `lakehouse refs` reads it.",
+)
+def graph(
+    context: dg.AssetExecutionContext, lakehouse: LakehouseResource
+) -> dg.MaterializeResult[None]:
+    from lakehouse_assets import graph as graph_index
+
+    ds = lakehouse.dataset(context.partition_key)
+    result = graph_index.update(ds)
+    state = graph_index.status(ds)
+    meta: dict[str, Any] = {
+        "mode": result.mode,
+        "edges": int(state.get("edges", 0)),
+        "edges_added": result.added,
+        "edges_tombstoned": result.tombstoned,
+        "tombstones": int(state.get("tombstones", 0)),
+        "reflects_statements_version": result.reflects[0] if result.reflects[0] is not None else -1,
+        "reflects_translog_version": result.reflects[1] if result.reflects[1] is not None else -1,
+        "duration_seconds": round(result.seconds, 3),
+        "dagster/uri": ds.store.full_uri(cv.dataset_path(ds.name, "graph")),
+    }
+    if state.get("dangling") is not None:
+        meta["dangling_edges"] = int(state["dangling"])
+    by_prop = state.get("by_prop") or {}
+    if by_prop:
+        meta["edges_by_property"] = dg.MetadataValue.md(
+            markdown_table(["property", "edges"], sorted(by_prop.items()))
+        )
+    version = f"{result.reflects[0]}-{result.reflects[1]}"
+    return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(version))
+
+
 ASSETS: list[dg.AssetsDefinition | dg.AssetSpec] = [
     archive,
     mappings,
@@ -229,4 +272,5 @@ ASSETS: list[dg.AssetsDefinition | dg.AssetSpec] = [
     flush_tables,
     exports,
     index,
+    graph,
 ]

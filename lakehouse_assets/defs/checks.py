@@ -294,4 +294,32 @@ def versions_verified(
     return dg.AssetCheckResult(passed=report.ok, metadata=metadata)
 
 
-CHECKS = [statements_checks, exports_match_statements, versions_verified]
+@dg.asset_check(
+    asset="graph",
+    description="The graph index holds one edge per live entity-typed statement "
+    "(origin, statement id), counted in Spark SQL over the snapshot it reflects.",
+)
+def graph_edges_match(
+    context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
+) -> dg.AssetCheckResult:
+    from lakehouse_assets import graph as graph_index
+
+    ds = lakehouse.dataset(context.partition_key)
+    state = graph_index.GraphState.load(ds)
+    if state is None:
+        return dg.AssetCheckResult(passed=False, metadata={"problem": "no graph index"})
+    snapshot = ds.snapshot(state.translog_version)
+    live = live_frame(spark.session(ds.settings), ds, snapshot)
+    expected = live.where("prop_type = 'entity'").select("origin", "id").distinct().count()
+    indexed = graph_index.edge_count(ds)
+    return dg.AssetCheckResult(
+        passed=indexed == expected,
+        metadata={
+            "live_entity_statements": expected,
+            "indexed_edges": indexed,
+            "reflects_translog_version": state.translog_version or -1,
+        },
+    )
+
+
+CHECKS = [statements_checks, exports_match_statements, versions_verified, graph_edges_match]

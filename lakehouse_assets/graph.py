@@ -1,0 +1,590 @@
+"""The graph index: "who points at this entity" as a pruned lookup (GraphLake seed).
+
+An **edge** is a live statement whose property type is ``entity``: source =
+its entity (``canonical_id``), property, target = its value, edge id = the
+statement id (GraphLake's reification hash), plus the origin and the source's
+schema. Each edge is stored twice, as GraphLake does, in two Delta tables
+partitioned by property (GraphLake's predicate partitions)::
+
+    {dataset}/graph/by_source/prop={prop}/*.parquet   sorted by source
+    {dataset}/graph/by_target/prop={prop}/*.parquet   sorted by target
+    {dataset}/graph/tombstones/*.parquet              (origin, edge_id) deleted since the rebuild
+    {dataset}/graph/state.json                        what the index reflects
+
+Files are written by delta-rs with Parquet bloom filters on the lookup
+column and small row groups; the Delta log keeps each file's min/max of the
+lookup column, so a lookup opens only the files whose range holds the id
+and, within them, the row groups whose statistics do.
+
+**Incremental.** :func:`update` compares the translog the index reflects
+with the current one (the same changed-rows rule as the version diffs):
+statements that became live are appended as edges, statements that stopped
+being live get tombstones, which lookups apply and :func:`rebuild` folds in.
+
+**Generations.** Every update writes its rows with a new generation number;
+``state.json`` lists the generations that completed and is written last.
+Lookups ignore rows of any other generation, so an update killed midway
+leaves rows nobody reads, and the next update (from the state before it)
+redoes its work: no edge is lost or doubled. A rebuild marks the state
+``rebuilding`` first; an update that finds that mark rebuilds.
+
+Interactive reads never start Spark: pyarrow reads the pruned files.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+from deltalake import (
+    BloomFilterProperties,
+    ColumnProperties,
+    CommitProperties,
+    WriterProperties,
+    write_deltalake,
+)
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets import faults
+from lakehouse_assets.delta import DeltaLocation
+from lakehouse_assets.errors import InvalidNameError, LakehouseError
+from lakehouse_assets.tables import (
+    STATEMENTS_PARTITION,
+    STATEMENTS_SCHEMA,
+    DatasetSnapshot,
+    arrow_dataset,
+    arrow_filesystem,
+)
+
+if TYPE_CHECKING:
+    from lakehouse_assets.lake import Dataset
+
+#: One edge as stored (both directions hold the same columns).
+EDGE_SCHEMA: Final = pa.schema(
+    [
+        ("prop", pa.string()),
+        ("source", pa.string()),
+        ("target", pa.string()),
+        ("edge_id", pa.string()),
+        ("origin", pa.string()),
+        ("source_schema", pa.string()),
+        ("generation", pa.int64()),
+    ]
+)
+TOMBSTONE_SCHEMA: Final = pa.schema(
+    [("origin", pa.string()), ("edge_id", pa.string()), ("generation", pa.int64())]
+)
+BY_SOURCE: Final = cv.GRAPH_BY_SOURCE
+BY_TARGET: Final = cv.GRAPH_BY_TARGET
+TOMBSTONES: Final = cv.GRAPH_TOMBSTONES
+STATE: Final = cv.GRAPH_STATE
+#: Rows per row group: small, so a lookup reads little beyond its id.
+ROW_GROUP_ROWS: Final = 16_384
+#: FtM entity ids: printable, no whitespace, at most this long.
+MAX_ID_LENGTH: Final = 1024
+
+DIRECTIONS: Final = ("in", "out", "both")
+
+
+class GraphNotBuiltError(LakehouseError):
+    """The dataset has no graph index yet."""
+
+
+# --- state -----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class GraphState:
+    """What the index reflects (``graph/state.json``)."""
+
+    translog_version: int | None = None
+    statements_version: int | None = None
+    generations: list[int] = field(default_factory=list)
+    edges: int = 0
+    by_prop: dict[str, int] = field(default_factory=dict)
+    dangling: int | None = None
+    tombstones: int = 0
+    rebuilding: bool = False
+    updated_at: str | None = None
+
+    @classmethod
+    def load(cls, ds: Dataset) -> GraphState | None:
+        path = cv.dataset_path(ds.name, STATE)
+        if not ds.store.exists(path):
+            return None
+        data = json.loads(ds.store.read_text(path))
+        return cls(**{k: v for k, v in data.items() if k in cls.__slots__})
+
+    def save(self, ds: Dataset) -> None:
+        self.updated_at = cv.utcnow().isoformat()
+        data = {k: getattr(self, k) for k in self.__slots__}
+        ds.store.write_text(cv.dataset_path(ds.name, STATE), json.dumps(data, indent=1))
+
+
+def _location(ds: Dataset, table: str) -> DeltaLocation:
+    return DeltaLocation(
+        ds.store.full_uri(cv.dataset_path(ds.name, table)), ds.store.storage_options()
+    )
+
+
+def _writer(lookup: str) -> WriterProperties:
+    bloom = ColumnProperties(bloom_filter_properties=BloomFilterProperties(True, 0.01))
+    return WriterProperties(
+        max_row_group_size=ROW_GROUP_ROWS,
+        compression="ZSTD",
+        column_properties={lookup: bloom, "edge_id": bloom},
+    )
+
+
+def _write(ds: Dataset, table: str, data: pa.Table, mode: str, reflects: int | None) -> None:
+    lookup = "source" if table == BY_SOURCE else "target"
+    props = CommitProperties(custom_metadata={"lakehouse.graph.reflects_translog": str(reflects)})
+    location = _location(ds, table)
+    # one call for both modes (delta-rs's overloads split them by a literal)
+    write: Any = write_deltalake
+    if table == TOMBSTONES:
+        write(
+            location.uri,
+            data,
+            mode=mode,
+            storage_options=dict(location.storage_options),
+            commit_properties=props,
+        )
+        return
+    write(
+        location.uri,
+        data.sort_by([("prop", "ascending"), (lookup, "ascending")]),
+        mode=mode,
+        partition_by=["prop"],
+        storage_options=dict(location.storage_options),
+        writer_properties=_writer(lookup),
+        commit_properties=props,
+        target_file_size=64 * 1024 * 1024,
+    )
+
+
+# --- building ----------------------------------------------------------------------
+
+
+def _edges_of(rows: pa.Table, generation: int) -> pa.Table:
+    """Edges from statement rows (entity-typed ones only)."""
+    rows = rows.filter(pc.equal(rows.column("prop_type"), "entity"))
+    return pa.table(
+        {
+            "prop": rows.column("prop").cast(pa.string()),
+            "source": rows.column("canonical_id").cast(pa.string()),
+            "target": rows.column("value").cast(pa.string()),
+            "edge_id": rows.column("id").cast(pa.string()),
+            "origin": rows.column("origin").cast(pa.string()),
+            "source_schema": rows.column("schema").cast(pa.string()),
+            "generation": pa.array([generation] * rows.num_rows, pa.int64()),
+        },
+        schema=EDGE_SCHEMA,
+    )
+
+
+@dataclass(slots=True)
+class GraphResult:
+    """What a rebuild or update did."""
+
+    mode: str
+    added: int = 0
+    tombstoned: int = 0
+    edges: int = 0
+    dangling: int | None = None
+    reflects: tuple[int | None, int | None] = (None, None)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "added": self.added,
+            "tombstoned": self.tombstoned,
+            "edges": self.edges,
+            "dangling": self.dangling,
+            "reflects": {"statements": self.reflects[0], "translog": self.reflects[1]},
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def rebuild(ds: Dataset) -> GraphResult:
+    """Build both directions from the live statements of the current snapshot."""
+    with ds.table_lock("graph"):
+        return _rebuild(ds)
+
+
+def _rebuild(ds: Dataset) -> GraphResult:
+    from lakehouse_assets.query import live_chunks
+
+    clock = time.monotonic()
+    # the caller holds the dataset's table lock
+    snapshot = ds.snapshot()
+    state = GraphState.load(ds) or GraphState()
+    state.rebuilding = True
+    state.save(ds)
+    generation = 0
+    parts: list[pa.Table] = []
+    entities: list[pa.Array] = []
+    for chunk in live_chunks(ds, snapshot=snapshot):
+        parts.append(_edges_of(chunk, generation))
+        entities.append(pc.unique(chunk.column("canonical_id")))
+    edges = pa.concat_tables(parts) if parts else EDGE_SCHEMA.empty_table()
+    known = pa.chunked_array(entities, pa.string()) if entities else pa.array([], pa.string())
+    dangling = int(pc.sum(pc.invert(pc.is_in(edges.column("target"), known))).as_py() or 0)
+    reflects = snapshot.translog.version
+    _write(ds, BY_SOURCE, edges, "overwrite", reflects)
+    faults.point("graph.after_source")
+    _write(ds, BY_TARGET, edges, "overwrite", reflects)
+    _write(ds, TOMBSTONES, TOMBSTONE_SCHEMA.empty_table(), "overwrite", reflects)
+    faults.point("graph.after_target")
+    state = GraphState(
+        translog_version=snapshot.translog.version,
+        statements_version=snapshot.statements.version,
+        generations=[generation],
+        edges=edges.num_rows,
+        by_prop=_count_by_prop(edges),
+        dangling=dangling,
+    )
+    state.save(ds)
+    return GraphResult(
+        "rebuild",
+        added=edges.num_rows,
+        edges=state.edges,
+        dangling=dangling,
+        reflects=snapshot.versions,
+        seconds=time.monotonic() - clock,
+    )
+
+
+def _live_keys(rows: pa.Table) -> pa.Table:
+    live = rows.filter(pc.equal(rows.column("deleted_at"), ""))
+    return live.select(["origin", "id", "bucket"])
+
+
+def update(ds: Dataset) -> GraphResult:
+    """Bring the index up to the current snapshot: append new edges, tombstone
+    removed ones (a rebuild if there is no index, or a rebuild was cut off)."""
+    from lakehouse_assets.versions import changed_translog_rows
+
+    clock = time.monotonic()
+    with ds.table_lock("graph"):
+        state = GraphState.load(ds)
+        if state is None or state.rebuilding or state.translog_version is None:
+            return _rebuild(ds)
+        try:
+            old = DatasetSnapshot.load(
+                ds.statements_table, ds.translog_table, state.translog_version
+            )
+        except Exception:  # the version the index reflects was cleaned up
+            return _rebuild(ds)
+        new = ds.snapshot()
+        result = GraphResult("update", reflects=new.versions)
+        if new.content_key != old.content_key:
+            generation = max(state.generations, default=0) + 1
+            # a killed update may have written rows of ``generation``: skip past them
+            generation = max(generation, _max_generation(ds) + 1)
+            new_rows, old_rows = changed_translog_rows(ds, old, new)
+            after, before = _live_keys(new_rows), _live_keys(old_rows)
+            added = after.join(before, keys=["origin", "id"], join_type="left anti")
+            removed = before.join(after, keys=["origin", "id"], join_type="left anti")
+            edges = _edges_of(_statement_rows(ds, new, added), generation)
+            try:  # which of the removed statements were edges (for the counts)
+                gone = _edges_of(_statement_rows(ds, old, removed), generation)
+            except (OSError, LakehouseError):  # the old files were vacuumed
+                return _rebuild(ds)
+            if edges.num_rows:
+                _write(ds, BY_SOURCE, edges, "append", new.translog.version)
+                faults.point("graph.after_source")
+                _write(ds, BY_TARGET, edges, "append", new.translog.version)
+            if gone.num_rows:
+                tombs = pa.table(
+                    {
+                        "origin": gone.column("origin"),
+                        "edge_id": gone.column("edge_id"),
+                        "generation": pa.array([generation] * gone.num_rows, pa.int64()),
+                    },
+                    schema=TOMBSTONE_SCHEMA,
+                )
+                _write(ds, TOMBSTONES, tombs, "append", new.translog.version)
+            faults.point("graph.after_target")
+            state.generations.append(generation)
+            for prop, n in _count_by_prop(edges).items():
+                state.by_prop[prop] = state.by_prop.get(prop, 0) + n
+            for prop, n in _count_by_prop(gone).items():
+                state.by_prop[prop] = state.by_prop.get(prop, 0) - n
+            state.by_prop = {k: v for k, v in state.by_prop.items() if v > 0}
+            state.edges += edges.num_rows - gone.num_rows
+            state.tombstones += gone.num_rows
+            state.dangling = None  # known after a rebuild
+            result.added, result.tombstoned = edges.num_rows, gone.num_rows
+        state.translog_version = new.translog.version
+        state.statements_version = new.statements.version
+        state.save(ds)
+        result.edges = state.edges
+        result.seconds = time.monotonic() - clock
+        return result
+
+
+def _count_by_prop(edges: pa.Table) -> dict[str, int]:
+    if edges.num_rows == 0:
+        return {}
+    counts = edges.group_by("prop").aggregate([("edge_id", "count")])
+    return dict(
+        zip(
+            counts.column("prop").to_pylist(),
+            counts.column("edge_id_count").to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def _max_generation(ds: Dataset) -> int:
+    """The highest generation any table holds (rows of killed updates included)."""
+    best = 0
+    for table in (BY_SOURCE, TOMBSTONES):
+        dt = _location(ds, table).table()
+        if dt is None:
+            continue
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        if "max.generation" in actions.column_names and actions.num_rows:
+            best = max(best, int(pc.max(actions.column("max.generation")).as_py() or 0))
+    return best
+
+
+def _statement_rows(ds: Dataset, snapshot: DatasetSnapshot, keys: pa.Table) -> pa.Table:
+    """The statement rows of (origin, id) keys, read from the buckets they are in."""
+    if keys.num_rows == 0:
+        return STATEMENTS_SCHEMA.empty_table()
+    buckets = pc.unique(keys.column("bucket")).to_pylist()
+    files = [
+        f
+        for f in snapshot.statements.files
+        if f.min_bucket is None
+        or f.max_bucket is None
+        or any(f.min_bucket <= b <= f.max_bucket for b in buckets)
+    ]
+    where = pc.field("bucket").isin(buckets) & pc.field("id").isin(
+        keys.column("id").combine_chunks()
+    )
+    rows = arrow_dataset(
+        files,
+        STATEMENTS_SCHEMA,
+        ds.statements_table.storage_options,
+        partition=STATEMENTS_PARTITION,
+    ).to_table(filter=where)
+    return rows.join(keys.select(["origin", "id"]), keys=["origin", "id"], join_type="inner")
+
+
+# --- reads ---------------------------------------------------------------------------
+
+
+def check_id(entity_id: str) -> str:
+    """An entity id a lookup can take (a clear error for anything else)."""
+    if (
+        not entity_id
+        or len(entity_id) > MAX_ID_LENGTH
+        or any(c.isspace() or not c.isprintable() for c in entity_id)
+    ):
+        raise InvalidNameError(
+            f"not an entity id: {entity_id[:60]!r} (1–{MAX_ID_LENGTH} printable "
+            "characters, no whitespace)"
+        )
+    return entity_id
+
+
+def _lookup(
+    ds: Dataset, table: str, column: str, entity_id: str, props: Sequence[str] | None
+) -> pa.Table:
+    """Rows of one direction whose lookup column is ``entity_id`` (pruned by the
+    Delta log's min/max per file and Parquet statistics per row group)."""
+    location = _location(ds, table)
+    dt = location.table()
+    if dt is None:
+        return EDGE_SCHEMA.empty_table()
+    actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    root = location.uri.rstrip("/")
+    files = []
+    for a in actions:
+        low, high = a.get(f"min.{column}"), a.get(f"max.{column}")
+        if low is not None and high is not None and not (low <= entity_id <= high):
+            continue
+        prop = a.get("partition.prop")
+        if props and prop not in props:
+            continue
+        files.append((f"{root}/{a['path']}", prop))
+    if not files:
+        return EDGE_SCHEMA.empty_table()
+    fs, _ = arrow_filesystem(files[0][0], location.storage_options)
+    dataset = pads.FileSystemDataset.from_paths(
+        [arrow_filesystem(uri, location.storage_options)[1] for uri, _ in files],
+        schema=EDGE_SCHEMA,
+        format=pads.ParquetFileFormat(),
+        filesystem=fs,
+        partitions=[pc.field("prop") == pc.scalar(prop) for _, prop in files],
+    )
+    return dataset.to_table(filter=pc.field(column) == entity_id)
+
+
+def _visible(ds: Dataset, rows: pa.Table, state: GraphState) -> pa.Table:
+    """Rows of completed generations, minus tombstoned ones, one per (origin, edge)."""
+    if rows.num_rows == 0:
+        return rows
+    done = pa.array(state.generations, pa.int64())
+    rows = rows.filter(pc.is_in(rows.column("generation"), done))
+    if state.tombstones and rows.num_rows:
+        dt = _location(ds, TOMBSTONES).table()
+        if dt is not None:
+            tombs = dt.to_pyarrow_dataset().to_table(
+                filter=pc.field("edge_id").isin(rows.column("edge_id").combine_chunks())
+            )
+            tombs = tombs.filter(pc.is_in(tombs.column("generation"), done))
+            if tombs.num_rows:
+                latest = tombs.group_by(["origin", "edge_id"]).aggregate([("generation", "max")])
+                joined = rows.join(latest, keys=["origin", "edge_id"], join_type="left outer")
+                dead = pc.fill_null(
+                    pc.less(joined.column("generation"), joined.column("generation_max")), False
+                )
+                rows = joined.filter(pc.invert(dead)).select(EDGE_SCHEMA.names)
+    # an edge written twice (a rebuild racing nothing, a retried update): once
+    seen: set[tuple[str, str]] = set()
+    keep = []
+    for i, (origin, edge) in enumerate(
+        zip(rows.column("origin").to_pylist(), rows.column("edge_id").to_pylist(), strict=True)
+    ):
+        if (origin, edge) not in seen:
+            seen.add((origin, edge))
+            keep.append(i)
+    return rows.take(pa.array(keep, pa.int64()))
+
+
+def all_edges(ds: Dataset) -> pa.Table:
+    """Every visible edge (one direction read in full: for checks and exports)."""
+    state = GraphState.load(ds)
+    if state is None:
+        return EDGE_SCHEMA.empty_table()
+    dt = _location(ds, BY_SOURCE).table()
+    if dt is None:
+        return EDGE_SCHEMA.empty_table()
+    rows = dt.to_pyarrow_dataset().to_table().select(EDGE_SCHEMA.names).cast(EDGE_SCHEMA)
+    return _visible(ds, rows, state)
+
+
+def edge_count(ds: Dataset) -> int:
+    return int(all_edges(ds).num_rows)
+
+
+def refs(
+    ds: Dataset,
+    entity_id: str,
+    *,
+    direction: str = "in",
+    props: Sequence[str] | None = None,
+    schemata: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+    """The edges at an entity: ``in`` (who points at it), ``out`` (what it points
+    at) or ``both``; each with the other entity's id, schema and caption (``None``
+    for a target outside the dataset). Sorted by direction, property, other id."""
+    from lakehouse_assets.query import query
+
+    check_id(entity_id)
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, not {direction!r}")
+    state = GraphState.load(ds)
+    if state is None:
+        raise GraphNotBuiltError(
+            f"Dataset {ds.name!r} has no graph index yet; run `lakehouse -d {ds.name} graph "
+            "update` (or materialize the `graph` asset)"
+        )
+    found: list[tuple[str, dict[str, Any]]] = []
+    for way, table, column, other in (
+        ("in", BY_TARGET, "target", "source"),
+        ("out", BY_SOURCE, "source", "target"),
+    ):
+        if direction not in (way, "both"):
+            continue
+        rows = _visible(ds, _lookup(ds, table, column, entity_id, props), state)
+        for row in rows.to_pylist():
+            found.append((way, {**row, "other": row[other]}))
+    others = sorted({row["other"] for _, row in found})
+    entities = {str(e.id): e for e in query(ds, entity_ids=others, flush=False)} if others else {}
+    out = []
+    for way, row in found:
+        entity = entities.get(row["other"])
+        schema = entity.schema.name if entity is not None else None
+        if schemata and schema not in schemata:
+            continue
+        out.append(
+            {
+                "direction": way,
+                "prop": row["prop"],
+                "source": row["source"],
+                "target": row["target"],
+                "edge_id": row["edge_id"],
+                "origin": row["origin"],
+                "other_id": row["other"],
+                "other_schema": schema,
+                "other_caption": entity.caption if entity is not None else None,
+            }
+        )
+    out.sort(key=lambda r: (r["direction"], r["prop"], r["other_id"], r["edge_id"]))
+    return out
+
+
+def neighbours(
+    ds: Dataset, entity_id: str, *, depth: int = 1, limit: int = 100
+) -> Iterator[dict[str, Any]]:
+    """Entities around ``entity_id`` (itself first), breadth first over edges in
+    both directions, up to ``depth`` hops and ``limit`` entities, as FtM JSON."""
+    from lakehouse_assets.query import query
+
+    check_id(entity_id)
+    seen = {entity_id}
+    frontier = [entity_id]
+    order = [entity_id]
+    for _ in range(max(depth, 0)):
+        following = []
+        for eid in frontier:
+            for edge in refs(ds, eid, direction="both"):
+                other = edge["other_id"]
+                if other not in seen and len(seen) < limit:
+                    seen.add(other)
+                    following.append(other)
+                    order.append(other)
+        frontier = following
+        if not frontier or len(seen) >= limit:
+            break
+    entities = {str(e.id): e for e in query(ds, entity_ids=order, flush=False)}
+    for eid in order:
+        if eid in entities:
+            yield entities[eid].to_dict()
+
+
+def status(ds: Dataset) -> dict[str, Any]:
+    """What the index reflects, and whether that is the current snapshot."""
+    state = GraphState.load(ds)
+    if state is None:
+        return {"built": False}
+    current = ds.snapshot()
+    try:
+        old = DatasetSnapshot.load(ds.statements_table, ds.translog_table, state.translog_version)
+        current_ok = old.content_key == current.content_key
+    except Exception:
+        current_ok = False
+    return {
+        "built": True,
+        "current": current_ok and not state.rebuilding,
+        "reflects": {"statements": state.statements_version, "translog": state.translog_version},
+        "latest": {"statements": current.statements.version, "translog": current.translog.version},
+        "edges": state.edges,
+        "by_prop": state.by_prop,
+        "dangling": state.dangling,
+        "tombstones": state.tombstones,
+        "generations": len(state.generations),
+        "updated_at": state.updated_at,
+    }

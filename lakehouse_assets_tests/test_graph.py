@@ -1,0 +1,191 @@
+"""The graph index: both directions, incremental with tombstones, crash repair, lookups."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from lakehouse_assets import faults, graph
+from lakehouse_assets.errors import InvalidNameError
+from lakehouse_assets.lake import Dataset, Lakehouse
+from lakehouse_assets_tests.conftest import lakehouse_env, sample_entities
+
+
+def expected_edges(ds: Dataset) -> set[tuple[str, str, str, str]]:
+    """(prop, source, target, statement id) of every live entity-typed statement,
+    from the tables' own reads (the independent way: the query path)."""
+    out = set()
+    for entity in ds.query(flush=False):
+        for stmt in entity.statements:
+            if stmt.prop_type == "entity":
+                out.add((stmt.prop, str(stmt.canonical_id), stmt.value, str(stmt.id)))
+    return out
+
+
+def indexed(ds: Dataset) -> set[tuple[str, str, str, str]]:
+    edges = graph.all_edges(ds)
+    rows = zip(
+        *(edges.column(c).to_pylist() for c in ("prop", "source", "target", "edge_id")),
+        strict=True,
+    )
+    found = list(rows)
+    return set(found)
+
+
+def assert_current(ds: Dataset) -> None:
+    assert indexed(ds) == expected_edges(ds)
+    # both directions agree, each edge once
+    by_target = set()
+    for source in {e[1] for e in expected_edges(ds)}:
+        for edge in graph.refs(ds, source, direction="out"):
+            by_target.add((edge["prop"], edge["source"], edge["target"], edge["edge_id"]))
+    assert by_target == expected_edges(ds)
+    assert graph.status(ds)["current"]
+
+
+def test_index_follows_writes_deletes_and_compact(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    ds = lake.create_dataset("graphs")
+    entities = sample_entities()
+    for e in entities:
+        ds.add_entity(e)
+    ds.flush()
+    built = graph.update(ds)  # the first update builds
+    assert built.mode == "rebuild" and built.edges == len(expected_edges(ds)) > 0
+    assert_current(ds)
+    state = graph.status(ds)
+    assert sum(state["by_prop"].values()) == state["edges"]
+
+    # an ownership deleted, a new one pointing at an entity outside the dataset
+    ownership = next(e for e in entities if e["schema"] == "Ownership")
+    ds.delete_entity(str(ownership["id"]))
+    ds.add_entity(
+        {
+            "id": "own-new",
+            "schema": "Ownership",
+            "properties": {"owner": [ownership["properties"]["owner"][0]], "asset": ["elsewhere"]},
+        }
+    )
+    ds.flush()
+    step = graph.update(ds)
+    assert step.mode == "update" and step.added == 2 and step.tombstoned == 2
+    assert_current(ds)
+    dangling = graph.refs(ds, "own-new", direction="out", props=["asset"])
+    assert [(e["other_id"], e["other_schema"], e["other_caption"]) for e in dangling] == [
+        ("elsewhere", None, None)
+    ]
+    # the deleted ownership comes back: its edges are visible again despite the tombstones
+    ds.add_entity(ownership)
+    ds.flush()
+    assert graph.update(ds).added == 2
+    assert_current(ds)
+    # compact rewrites the tables: nothing changes in the index
+    ds.compact()
+    assert graph.update(ds).added == 0
+    assert_current(ds)
+    # a rebuild folds the tombstones in and gives the same edges
+    rebuilt = graph.rebuild(ds)
+    assert rebuilt.dangling == 1 and graph.status(ds)["tombstones"] == 0
+    assert_current(ds)
+
+
+def test_refs_lookups(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    ds = local_lake.create_dataset("lookups")
+    entities = sample_entities()
+    for e in entities:
+        ds.add_entity(e)
+    ds.make()
+    graph.rebuild(ds)
+    ownership = next(e for e in entities if e["schema"] == "Ownership")
+    owner = ownership["properties"]["owner"][0]
+    asset = ownership["properties"]["asset"][0]
+    who = graph.refs(ds, asset)  # who points at the asset
+    assert any(e["other_id"] == ownership["id"] and e["prop"] == "asset" for e in who)
+    assert all(e["direction"] == "in" and e["target"] == asset for e in who)
+    out = graph.refs(ds, str(ownership["id"]), direction="out")
+    assert {(e["prop"], e["other_id"]) for e in out} == {("owner", owner), ("asset", asset)}
+    assert {e["other_schema"] for e in out if e["prop"] == "asset"} == {
+        next(e["schema"] for e in entities if e["id"] == asset)
+    }
+    both = graph.refs(ds, owner, direction="both", schemata=["Ownership"])
+    assert both and all(e["other_schema"] == "Ownership" for e in both)
+    only = graph.refs(ds, asset, props=["asset"])
+    assert only and all(e["prop"] == "asset" for e in only)
+    # unknown: empty; malformed: a clear error
+    assert graph.refs(ds, "no-such-entity") == []
+    for bad in ("", "a b", "x" * 2000, "tab\there"):
+        with pytest.raises(InvalidNameError, match="not an entity id"):
+            graph.refs(ds, bad)
+    network = list(graph.neighbours(ds, owner, depth=2, limit=10))
+    assert network[0]["id"] == owner and 1 < len(network) <= 10
+    # make keeps the index current once it exists
+    ds.add_entity(
+        {"id": "own-2", "schema": "Ownership", "properties": {"owner": [owner], "asset": [asset]}}
+    )
+    assert ds.make().graph is not None
+    assert any(e["other_id"] == "own-2" for e in graph.refs(ds, asset))
+
+    from lakehouse_assets.cli import cli
+
+    base = [
+        "--lake",
+        local_lake.store.uri,
+        "--journal-url",
+        local_lake.settings.resolved_journal_url(),
+        "-d",
+        ds.name,
+    ]
+    result = CliRunner().invoke(cli, [*base, "refs", asset])
+    assert result.exit_code == 0, result.output
+    assert {json.loads(line)["other_id"] for line in result.output.splitlines()} >= {"own-2"}
+    result = CliRunner().invoke(cli, [*base, "refs", "nobody"])
+    assert result.exit_code == 0 and "no edges at 'nobody'" in result.output
+    result = CliRunner().invoke(cli, [*base, "refs", "a b"])
+    assert result.exit_code == 1 and "not an entity id" in result.output
+    result = CliRunner().invoke(cli, [*base, "graph", "status"])
+    assert json.loads(result.output)["current"] is True
+
+
+UPDATE = """
+import sys
+from lakehouse_assets.lake import Lakehouse
+from lakehouse_assets import graph
+graph.update(Lakehouse(sys.argv[1], journal_url=sys.argv[2]).dataset(sys.argv[3]))
+"""
+
+
+@pytest.mark.parametrize("point", faults.GRAPH_POINTS)
+@pytest.mark.parametrize("mode", ["rebuild", "update"])
+def test_a_killed_index_update_is_repaired(spark, lake: Lakehouse, point: str, mode: str) -> None:  # type: ignore[no-untyped-def]
+    ds = lake.create_dataset("killed_graph")
+    entities = sample_entities()
+    for e in entities[:8]:
+        ds.add_entity(e)
+    ds.flush()
+    if mode == "update":
+        graph.update(ds)
+        ownership = next(e for e in entities[:8] if e["schema"] == "Ownership")
+        ds.delete_entity(str(ownership["id"]))
+        for e in entities[8:]:
+            ds.add_entity(e)
+        ds.flush()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            UPDATE,
+            lake.store.uri,
+            lake.settings.resolved_journal_url(),
+            ds.name,
+        ],
+        env=lakehouse_env(lake, LAKEHOUSE_CRASH_AT=point),
+        capture_output=True,
+        timeout=300,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    graph.update(ds)  # repairs
+    assert_current(ds)
