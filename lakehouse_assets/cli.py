@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TextIO, TypeVar
 
 import click
 from tqdm import tqdm
@@ -878,6 +878,32 @@ def graph_rebuild(obj: Context) -> None:
     from lakehouse_assets import graph
 
     _echo_json(graph.rebuild(obj.dataset()).as_dict())
+
+
+@graph_group.command("export")
+@click.option("--force", is_flag=True, help="Write even when the graph exports are fresh.")
+@click.option(
+    "--ftm-cypher",
+    type=click.File("w"),
+    default=None,
+    help="Instead: write exactly what `ftm export-cypher` writes to this file ('-': stdout).",
+)
+@pass_ctx
+def graph_export(obj: Context, force: bool, ftm_cypher: TextIO | None) -> None:
+    """graph.cypher (batched), graph.graphml and Neo4j bulk CSVs of the entities export.
+
+    \b
+    Examples:
+      lakehouse -d my_dataset graph export
+      lakehouse -d my_dataset graph export --ftm-cypher graph-ftm.cypher
+    """
+    from lakehouse_assets import graph_exports
+
+    ds = obj.dataset()
+    if ftm_cypher is not None:
+        graph_exports.write_cypher(ds, ftm_cypher, ftm_compatible=True)
+        return
+    _echo_json(graph_exports.export_graph(ds, force=force))
 
 
 @graph_group.command("status")

@@ -286,6 +286,8 @@ EXPORTS_STATEMENTS: Final = "exports/statements"
 EXPORTS_ENTITIES: Final = "exports/entities_json"
 EXPORTS_STATISTICS: Final = "exports/statistics"
 EXPORTS_INDEX: Final = "exports/index"
+#: graph.cypher, graph.graphml and the Neo4j bulk CSVs (written together).
+EXPORTS_GRAPH: Final = "exports/graph"
 CRAWL_LAST_RUN: Final = "operations/crawl/last_run"
 #: Any mapping of the dataset stored or changed (what the mapping sensor watches).
 MAPPINGS_LAST_UPDATED: Final = "mappings/last_updated"

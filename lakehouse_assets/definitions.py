@@ -30,7 +30,14 @@ from lakehouse_assets.settings import Settings
 
 #: Everything Dagster computes (archive and journal are reported, not computed).
 COMPUTED = dg.AssetSelection.assets(
-    "statements", "translog", "statements_csv", "entities_ftm_json", "statistics", "index", "graph"
+    "statements",
+    "translog",
+    "statements_csv",
+    "entities_ftm_json",
+    "statistics",
+    "index",
+    "graph",
+    "graph_cypher",
 )
 
 refresh_dataset = dg.define_asset_job(

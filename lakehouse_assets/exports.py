@@ -543,8 +543,16 @@ def make(ds: Dataset, force: bool = False) -> ExportResult:
     return result
 
 
+#: Graph exports (see :mod:`lakehouse_assets.graph_exports`): listed in index.json
+#: when they exist, stamped by the tag of their export.
+GRAPH_RESOURCES: dict[str, tuple[str, str, str]] = {
+    "graph_cypher": (cv.GRAPH_CYPHER, cv.EXPORTS_GRAPH, "application/x-cypher-query"),
+    "graph_graphml": ("exports/graph.graphml", cv.EXPORTS_GRAPH, "application/graphml+xml"),
+}
+
+
 def _resource(ds: Dataset, kind: str) -> dict[str, Any] | None:
-    path, tag, mime = EXPORTS[kind]
+    path, tag, mime = EXPORTS[kind] if kind in EXPORTS else GRAPH_RESOURCES[kind]
     full = cv.dataset_path(ds.name, path)
     if not ds.store.exists(full):
         return None
@@ -590,7 +598,8 @@ def export_index(
     config = ds.config()
     stats_path = cv.dataset_path(ds.name, cv.STATISTICS_JSON)
     stats = json.loads(ds.store.read_text(stats_path)) if ds.store.exists(stats_path) else None
-    resources = [r for k in (STATEMENTS, ENTITIES, STATISTICS) if (r := _resource(ds, k))]
+    kinds = (STATEMENTS, ENTITIES, STATISTICS, *GRAPH_RESOURCES)
+    resources = [r for k in kinds if (r := _resource(ds, k))]
     now = cv.utcnow()
     data = config.model_dump(mode="json", exclude_none=True, exclude={"resources"})
     data.update(

@@ -34,6 +34,7 @@ KEYS = {
     "statistics",
     "index",
     "graph",
+    "graph_cypher",
 }
 LINEAGE = {
     "archive": set(),
@@ -46,6 +47,7 @@ LINEAGE = {
     "statistics": {"statements", "translog"},
     "index": {"statements_csv", "entities_ftm_json", "statistics"},
     "graph": {"statements", "translog"},
+    "graph_cypher": {"entities_ftm_json"},
 }
 
 
@@ -183,6 +185,7 @@ def test_materialize_the_graph_twice(
     assert checks(first)["versions_verified"]
     assert checks(first)["graph_edges_match"]
     assert mats["graph"]["mode"] == "rebuild" and mats["graph"]["edges"] > 0
+    assert mats["graph_cypher"]["relationships"] > 0
 
     # tenants write a new entity and delete another; the graph runs again
     gone = str(entities[0]["id"])

@@ -6,6 +6,8 @@ import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -14,6 +16,7 @@ from lakehouse_assets import faults, graph
 from lakehouse_assets.errors import InvalidNameError
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets_tests.conftest import lakehouse_env, sample_entities
+from lakehouse_assets_tests.test_exports import input_entities
 
 
 def expected_edges(ds: Dataset) -> set[tuple[str, str, str, str]]:
@@ -189,3 +192,123 @@ def test_a_killed_index_update_is_repaired(spark, lake: Lakehouse, point: str, m
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     graph.update(ds)  # repairs
     assert_current(ds)
+
+
+# --- graph exports -------------------------------------------------------------------
+
+
+def _cypher_json(text: str) -> Any:
+    """A Cypher list/map literal as JSON: quote the keys outside strings."""
+    out, i, in_string = [], 0, False
+    while i < len(text):
+        c = text[i]
+        if in_string:
+            out.append(c)
+            if c == "\\":
+                out.append(text[i + 1])
+                i += 1
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+            out.append(c)
+        elif c == "`" or c.isalpha() or c == "_":
+            j = i
+            while j < len(text) and (text[j].isalnum() or text[j] in "_`"):
+                j += 1
+            out.append(json.dumps(text[i:j].strip("`")))
+            i = j - 1
+        else:
+            out.append(c)
+        i += 1
+    return json.loads("".join(out))
+
+
+def _graph_of(script: str) -> tuple[dict[str, tuple[frozenset[str], dict[str, str]]], set[Any]]:
+    """Nodes (id → labels, properties; repeated MERGEs merged) and relationships."""
+    import re
+
+    entity_nodes: dict[str, tuple[set[str], dict[str, str]]] = {}
+    value_nodes: dict[str, tuple[set[str], dict[str, str]]] = {}
+    rels: set[Any] = set()
+
+    def node(props: dict[str, str], labels: list[str], stub: bool) -> None:
+        # a bare reference (a node without an entity: id and caption only) never
+        # overrides the entity it names, whichever comes first in the script
+        named = [label for label in labels if label != "Entity"]
+        into = value_nodes if stub else entity_nodes
+        known = into.setdefault(props["id"], (set(), {}))
+        known[0].update(named)
+        known[1].update(props)
+
+    def rel(kind: str, source: str, target: str, props: dict[str, str]) -> None:
+        rels.add((kind, source, target, frozenset(props.items())))
+
+    for line in script.splitlines():
+        if m := re.match(r"MERGE \(p \{ .* \}\) SET p \+= (\{.*\}) SET p :(.*);$", line):
+            props = _cypher_json(m.group(1))
+            node(props, m.group(2).split(":"), set(props) <= {"id", "caption"})
+        elif m := re.match(
+            r"MATCH \(s (\{.*?\})\), \(t (\{.*?\})\) MERGE \(s\)-\[:(\w+) (\{.*\})\]->\(t\);$", line
+        ):
+            rel(
+                m.group(3),
+                _cypher_json(m.group(1))["id"],
+                _cypher_json(m.group(2))["id"],
+                _cypher_json(m.group(4)),
+            )
+        elif m := re.match(
+            r"UNWIND (\[.*\]) AS row MERGE \(n:Entity \{id: row.id\}\) (?:ON CREATE )?SET n \+= row,? (?:SET )?n:(.*);$",
+            line,
+        ):
+            labels = m.group(2).replace("`", "").split(":")
+            for props in _cypher_json(m.group(1)):
+                node(props, labels, "ON CREATE" in line)
+        elif m := re.match(r"UNWIND (\[.*\]) AS row MATCH .* MERGE \(s\)-\[r:`(\w+)` .*$", line):
+            for row in _cypher_json(m.group(1)):
+                rel(m.group(2), row["source"], row["target"], row["props"])
+        elif line.strip() and not line.startswith("CREATE CONSTRAINT"):
+            raise AssertionError(f"unparsed line: {line[:120]}")
+    nodes = {**value_nodes, **entity_nodes}
+    return {k: (frozenset(v[0]), v[1]) for k, v in nodes.items()}, rels
+
+
+def test_graph_exports_match_followthemoney(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    import io
+
+    import networkx as nx
+    from followthemoney import model
+    from followthemoney.export.neo4j import CypherGraphExporter
+
+    from lakehouse_assets import conventions as cv
+    from lakehouse_assets import graph_exports
+
+    ds = local_lake.create_dataset("cypher")
+    entities = input_entities()
+    with ds.bulk() as bulk:
+        for e in entities:
+            bulk.add_entity(e)
+    ds.make()
+    written = graph_exports.export_graph(ds)
+    ours = ds.store.read_text(cv.dataset_path(ds.name, graph_exports.CYPHER))
+    assert ours.startswith("CREATE CONSTRAINT entity_id IF NOT EXISTS")
+    # followthemoney's own export of the same entities (the exported entities file)
+    theirs = io.StringIO()
+    exporter = CypherGraphExporter(theirs)
+    for data in ds.stream_entities():
+        exporter.write(model.get_proxy(data))
+    exporter.finalize()
+    nodes, rels = _graph_of(ours)
+    want_nodes, want_rels = _graph_of(theirs.getvalue())
+    assert nodes == want_nodes and rels == want_rels
+    assert len(rels) == written["cypher"]["relationships"] > 0
+    # the ftm-compatible mode writes exactly what followthemoney writes
+    same = io.StringIO()
+    graph_exports.write_cypher(ds, same, ftm_compatible=True)
+    assert same.getvalue() == theirs.getvalue()
+    # GraphML reads back with networkx: the same nodes and relationships
+    path = Path(local_lake.store.uri.removeprefix("file://")) / ds.name / graph_exports.GRAPHML
+    back = nx.read_graphml(path)
+    assert back.number_of_nodes() == len(want_nodes)
+    assert back.number_of_edges() == len(want_rels)
+    assert "neo4j_import.sh" in written["neo4j"]["files"]

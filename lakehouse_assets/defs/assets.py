@@ -4,6 +4,7 @@
         └──────────────────┘                  │            entities_ftm_json,
                                               │            statistics → index
                                               └→ graph (the graph index)
+    entities_ftm_json → graph_cypher (graph.cypher, graph.graphml, Neo4j CSVs)
 
 ``archive``, ``mappings`` and ``journal`` are written by tenants outside
 Dagster: they are external assets whose changes the sensors report (with the
@@ -265,6 +266,35 @@ def graph(
     return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(version))
 
 
+@dg.asset(
+    deps=["entities_ftm_json"],
+    partitions_def=datasets,
+    group_name=GROUP,
+    kinds={"neo4j"},
+    automation_condition=AUTOMATION,
+    description="`exports/graph.cypher` (batched UNWIND, a uniqueness constraint first), "
+    "`exports/graph.graphml` and the Neo4j bulk-import CSVs under `exports/neo4j/`: "
+    "followthemoney's graph model of the entities export (tag `exports/graph`).",
+)
+def graph_cypher(
+    context: dg.AssetExecutionContext, lakehouse: LakehouseResource
+) -> dg.MaterializeResult[None]:
+    from lakehouse_assets import graph_exports
+
+    ds = lakehouse.dataset(context.partition_key)
+    clock = time.monotonic()
+    written = graph_exports.export_graph(ds)
+    meta: dict[str, Any] = {"duration_seconds": round(time.monotonic() - clock, 3)}
+    if "skipped" in written:
+        meta["rewritten"] = False
+    else:
+        meta["rewritten"] = True
+        meta["nodes"] = int(written["graphml"]["nodes"])
+        meta["relationships"] = int(written["graphml"]["edges"])
+        meta["dagster/uri"] = ds.store.full_uri(cv.dataset_path(ds.name, cv.GRAPH_CYPHER))
+    return dg.MaterializeResult(metadata=meta, data_version=tag_version(ds, cv.EXPORTS_GRAPH))
+
+
 ASSETS: list[dg.AssetsDefinition | dg.AssetSpec] = [
     archive,
     mappings,
@@ -273,4 +303,5 @@ ASSETS: list[dg.AssetsDefinition | dg.AssetSpec] = [
     exports,
     index,
     graph,
+    graph_cypher,
 ]

@@ -73,5 +73,15 @@ PY
 echo "== published versions (the chain head is the last line) and their verification"
 $LH -d $DS versions
 $LH -d $DS verify
+echo "== graph index: who points at acme-holding (refs; the index is the graph asset)"
+"$VENV/bin/python" - "$LAKE" "$DS" <<'PY'
+import sys
+from lakehouse_assets import Lakehouse
+from lakehouse_assets.graph import refs
+ds = Lakehouse(sys.argv[1]).dataset(sys.argv[2])
+for e in refs(ds, "acme-holding", direction="both"):
+    arrow = "<-" if e["direction"] == "in" else "->"
+    print(f"  {arrow} {e['prop']:<6} {e['other_id']:<18} {e['other_schema'] or '-':<10} {e['other_caption'] or ''}")
+PY
 echo "== files under $LAKE/$DS (archive omitted):"
 find "$LAKE/$DS" -type f -not -path "*/archive/*" | sort | sed 's/^/  /'

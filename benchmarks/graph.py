@@ -1,0 +1,136 @@
+"""Time the graph index on N statements of scaled kek data.
+
+    python -m benchmarks.graph --statements 1000000 [--lake DIR]
+
+With ``--lake`` naming a lake that already holds dataset ``bench`` (say, the
+one ``benchmarks.versions`` leaves), the data is not written again. Prints:
+the rebuild of both directions; "who points at X" for 200 random targets
+(median, p95) before and after ``optimize``-style folding (a rebuild); the
+same question answered by a full scan of the statements table (pyarrow, the
+way a reader without the index must); an incremental update after a flush
+of 1% new entities, against the rebuild. Numbers only; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+import pyarrow.compute as pc
+
+from benchmarks.data import write as write_data
+
+
+def summary(samples: list[float]) -> str:
+    samples = sorted(samples)
+    return (
+        f"median {statistics.median(samples) * 1000:.1f} ms, "
+        f"p95 {samples[int(len(samples) * 0.95)] * 1000:.1f} ms"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--statements", type=int, default=1_000_000)
+    parser.add_argument("--lake", type=Path, default=None)
+    args = parser.parse_args()
+
+    from lakehouse_assets import graph
+    from lakehouse_assets.lake import Lakehouse
+    from lakehouse_assets.tables import STATEMENTS_PARTITION, STATEMENTS_SCHEMA, arrow_dataset
+
+    data = write_data(
+        Path(__file__).parent / ".data" / f"kek-{args.statements}.ftm.json", args.statements
+    )
+    lines = data.read_bytes().splitlines()
+    if args.lake is not None and (args.lake / "bench").exists():
+        lake = Lakehouse(args.lake)
+        ds = lake.dataset("bench")
+    else:
+        lake = Lakehouse(args.lake or Path(tempfile.mkdtemp(prefix="lakehouse-graph-")))
+        ds = lake.create_dataset("bench")
+        with data.open("rb") as fh:
+            ds.write_entities(fh, origin="bench")
+        ds.flush()
+
+    clock = time.monotonic()
+    built = graph.rebuild(ds)
+    print(
+        f"rebuild both directions: {time.monotonic() - clock:.2f} s ({built.edges:,} edges, "
+        f"{built.dangling} dangling)",
+        flush=True,
+    )
+
+    edges = graph.all_edges(ds)
+    rng = random.Random(3)
+    targets = [edges.column("target")[rng.randrange(edges.num_rows)].as_py() for _ in range(200)]
+    lookups = []
+    for target in targets:
+        clock = time.monotonic()
+        graph.refs(ds, target)
+        lookups.append(time.monotonic() - clock)
+    print(f"who points at X (refs --in, with captions): {summary(lookups)}", flush=True)
+    raw = []
+    for target in targets:
+        clock = time.monotonic()
+        graph._visible(
+            ds,
+            graph._lookup(ds, graph.BY_TARGET, "target", target, None),
+            graph.GraphState.load(ds) or graph.GraphState(),
+        )
+        raw.append(time.monotonic() - clock)
+    print(f"who points at X (index lookup only): {summary(raw)}", flush=True)
+
+    snapshot = ds.snapshot()
+    scans = []
+    for target in targets[:5]:
+        clock = time.monotonic()
+        table = arrow_dataset(
+            snapshot.statements.files,
+            STATEMENTS_SCHEMA,
+            ds.statements_table.storage_options,
+            partition=STATEMENTS_PARTITION,
+        ).to_table(
+            columns=["canonical_id", "prop", "value"],
+            filter=(pc.field("prop_type") == "entity") & (pc.field("value") == target),
+        )
+        scans.append(time.monotonic() - clock)
+        del table
+    print(f"who points at X (full scan of the statements table): {summary(scans)}", flush=True)
+
+    new = []
+    for line in lines[: len(lines) // 100]:
+        entity = orjson.loads(line)
+        entity["id"] = f"new-{entity['id']}"
+        new.append(entity)
+    with ds.bulk(origin="bench") as bulk:
+        for entity in new:
+            bulk.add_entity(entity)
+    ds.flush()
+    clock = time.monotonic()
+    step = graph.update(ds)
+    print(
+        f"incremental update after a 1% flush: {time.monotonic() - clock:.2f} s "
+        f"({step.added:,} edges added)",
+        flush=True,
+    )
+    after = []
+    for target in targets:
+        clock = time.monotonic()
+        graph._visible(
+            ds,
+            graph._lookup(ds, graph.BY_TARGET, "target", target, None),
+            graph.GraphState.load(ds) or graph.GraphState(),
+        )
+        after.append(time.monotonic() - clock)
+    print(f"who points at X after the update (before a rebuild): {summary(after)}", flush=True)
+    print(f"lake: {lake.store.uri}")
+
+
+if __name__ == "__main__":
+    main()
