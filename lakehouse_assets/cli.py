@@ -777,6 +777,7 @@ def stream_cmd(obj: Context, as_of: str | None) -> None:
     "--schema", "-s", "schemata", multiple=True, help="Only other entities of this schema."
 )
 @click.option("--json", "as_json", is_flag=True, help="JSON lines even on a terminal.")
+@click.option("--as-of", "as_of", default=None, help=AS_OF_HELP + " Scans that version.")
 @pass_ctx
 def refs_cmd(
     obj: Context,
@@ -785,6 +786,7 @@ def refs_cmd(
     props: tuple[str, ...],
     schemata: tuple[str, ...],
     as_json: bool,
+    as_of: str | None,
 ) -> None:
     """The edges at an entity, from the graph index (no Spark): its id, schema and
     caption for the entity at the other end.
@@ -803,6 +805,7 @@ def refs_cmd(
         direction=direction,
         props=list(props) or None,
         schemata=list(schemata) or None,
+        as_of=as_of,
     )
     if not edges:
         click.echo(f"no edges at {entity_id!r} in dataset {ds.name!r}", err=True)

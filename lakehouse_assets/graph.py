@@ -486,15 +486,22 @@ def refs(
     direction: str = "in",
     props: Sequence[str] | None = None,
     schemata: Sequence[str] | None = None,
+    as_of: str | int | None = None,
 ) -> list[dict[str, Any]]:
     """The edges at an entity: ``in`` (who points at it), ``out`` (what it points
     at) or ``both``; each with the other entity's id, schema and caption (``None``
-    for a target outside the dataset). Sorted by direction, property, other id."""
-    from lakehouse_assets.query import query
+    for a target outside the dataset). Sorted by direction, property, other id.
+
+    ``as_of`` answers for a published version from the tables as they were then
+    (the index holds the current edges only, so this is a scan of that version).
+    """
 
     check_id(entity_id)
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, not {direction!r}")
+    if as_of is not None:
+        scanned = _scan_edges(ds, entity_id, direction, props, as_of)
+        return _describe(ds, scanned, schemata, as_of)
     state = GraphState.load(ds)
     if state is None:
         raise GraphNotBuiltError(
@@ -511,8 +518,48 @@ def refs(
         rows = _visible(ds, _lookup(ds, table, column, entity_id, props), state)
         for row in rows.to_pylist():
             found.append((way, {**row, "other": row[other]}))
+    return _describe(ds, found, schemata, None)
+
+
+def _scan_edges(
+    ds: Dataset, entity_id: str, direction: str, props: Sequence[str] | None, as_of: str | int
+) -> list[tuple[str, dict[str, Any]]]:
+    """The edges at an entity in a published version, by scanning its live statements."""
+    from lakehouse_assets.query import live_chunks, version_snapshot
+
+    snapshot = version_snapshot(ds, as_of)
+    found: list[tuple[str, dict[str, Any]]] = []
+    seen: set[tuple[str, str, str]] = set()
+    for chunk in live_chunks(ds, snapshot=snapshot):
+        edges = _edges_of(chunk, 0)
+        if props:
+            edges = edges.filter(pc.is_in(edges.column("prop"), pa.array(list(props))))
+        for way, column, other in (("in", "target", "source"), ("out", "source", "target")):
+            if direction not in (way, "both"):
+                continue
+            for row in edges.filter(pc.equal(edges.column(column), entity_id)).to_pylist():
+                key = (way, row["origin"], row["edge_id"])
+                if key not in seen:
+                    seen.add(key)
+                    found.append((way, {**row, "other": row[other]}))
+    return found
+
+
+def _describe(
+    ds: Dataset,
+    found: list[tuple[str, dict[str, Any]]],
+    schemata: Sequence[str] | None,
+    as_of: str | int | None,
+) -> list[dict[str, Any]]:
+    """Edges with the other entity's schema and caption, filtered and sorted."""
+    from lakehouse_assets.query import query
+
     others = sorted({row["other"] for _, row in found})
-    entities = {str(e.id): e for e in query(ds, entity_ids=others, flush=False)} if others else {}
+    entities = (
+        {str(e.id): e for e in query(ds, entity_ids=others, flush=False, as_of=as_of)}
+        if others
+        else {}
+    )
     out = []
     for way, row in found:
         entity = entities.get(row["other"])

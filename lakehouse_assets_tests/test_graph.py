@@ -130,7 +130,12 @@ def test_refs_lookups(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-
         {"id": "own-2", "schema": "Ownership", "properties": {"owner": [owner], "asset": [asset]}}
     )
     assert ds.make().graph is not None
-    assert any(e["other_id"] == "own-2" for e in graph.refs(ds, asset))
+    now = graph.refs(ds, asset)
+    assert any(e["other_id"] == "own-2" for e in now)
+    # as of a published version: a scan of that version, the same answer shape
+    assert graph.refs(ds, asset, as_of=2) == now
+    assert all(e["other_id"] != "own-2" for e in graph.refs(ds, asset, as_of=1))
+    assert graph.refs(ds, asset, as_of=1) == who
 
     from lakehouse_assets.cli import cli
 
