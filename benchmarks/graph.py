@@ -106,7 +106,7 @@ def main() -> None:
     new = []
     for line in lines[: len(lines) // 100]:
         entity = orjson.loads(line)
-        entity["id"] = f"new-{entity['id']}"
+        entity["id"] = f"new{int(time.time())}-{entity['id']}"
         new.append(entity)
     with ds.bulk(origin="bench") as bulk:
         for entity in new:

@@ -112,6 +112,20 @@ class GraphState:
     tombstones: int = 0
     rebuilding: bool = False
     updated_at: str | None = None
+    #: the files of each table when the state was written, with the min/max of the
+    #: lookup column (GraphLake's snapshot manifest): a lookup reads this one small
+    #: file instead of two Delta logs
+    files: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def record_files(self, ds: Dataset) -> None:
+        self.files = {
+            table: _table_files(ds, table, column)
+            for table, column in (
+                (BY_SOURCE, "source"),
+                (BY_TARGET, "target"),
+                (TOMBSTONES, "edge_id"),
+            )
+        }
 
     @classmethod
     def load(cls, ds: Dataset) -> GraphState | None:
@@ -125,6 +139,22 @@ class GraphState:
         self.updated_at = cv.utcnow().isoformat()
         data = {k: getattr(self, k) for k in self.__slots__}
         ds.store.write_text(cv.dataset_path(ds.name, STATE), json.dumps(data, indent=1))
+
+
+def _table_files(ds: Dataset, table: str, column: str) -> list[dict[str, Any]]:
+    """A table's files with their property partition and min/max of ``column``."""
+    dt = _location(ds, table).table()
+    if dt is None:
+        return []
+    return [
+        {
+            "path": str(a["path"]),
+            "prop": a.get("partition.prop"),
+            "min": a.get(f"min.{column}"),
+            "max": a.get(f"max.{column}"),
+        }
+        for a in pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    ]
 
 
 def _location(ds: Dataset, table: str) -> DeltaLocation:
@@ -251,6 +281,7 @@ def _rebuild(ds: Dataset) -> GraphResult:
         by_prop=_count_by_prop(edges),
         dangling=dangling,
     )
+    state.record_files(ds)
     state.save(ds)
     return GraphResult(
         "rebuild",
@@ -325,6 +356,7 @@ def update(ds: Dataset) -> GraphResult:
             result.added, result.tombstoned = edges.num_rows, gone.num_rows
         state.translog_version = new.translog.version
         state.statements_version = new.statements.version
+        state.record_files(ds)
         state.save(ds)
         result.edges = state.edges
         result.seconds = time.monotonic() - clock
@@ -399,25 +431,30 @@ def check_id(entity_id: str) -> str:
 
 
 def _lookup(
-    ds: Dataset, table: str, column: str, entity_id: str, props: Sequence[str] | None
+    ds: Dataset,
+    table: str,
+    column: str,
+    entity_id: str,
+    props: Sequence[str] | None,
+    state: GraphState | None = None,
 ) -> pa.Table:
-    """Rows of one direction whose lookup column is ``entity_id`` (pruned by the
-    Delta log's min/max per file and Parquet statistics per row group)."""
+    """Rows of one direction whose lookup column is ``entity_id`` (pruned by each
+    file's min/max, from the state's file list or the Delta log, and by Parquet
+    statistics per row group)."""
     location = _location(ds, table)
-    dt = location.table()
-    if dt is None:
-        return EDGE_SCHEMA.empty_table()
-    actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    listed = state.files.get(table) if state is not None and state.files else None
+    if listed is None:
+        listed = _table_files(ds, table, column)
     root = location.uri.rstrip("/")
     files = []
-    for a in actions:
-        low, high = a.get(f"min.{column}"), a.get(f"max.{column}")
+    for f in listed:
+        low, high = f.get("min"), f.get("max")
         if low is not None and high is not None and not (low <= entity_id <= high):
             continue
-        prop = a.get("partition.prop")
+        prop = f.get("prop")
         if props and prop not in props:
             continue
-        files.append((f"{root}/{a['path']}", prop))
+        files.append((f"{root}/{f['path']}", prop))
     if not files:
         return EDGE_SCHEMA.empty_table()
     fs, _ = arrow_filesystem(files[0][0], location.storage_options)
@@ -438,11 +475,20 @@ def _visible(ds: Dataset, rows: pa.Table, state: GraphState) -> pa.Table:
     done = pa.array(state.generations, pa.int64())
     rows = rows.filter(pc.is_in(rows.column("generation"), done))
     if state.tombstones and rows.num_rows:
-        dt = _location(ds, TOMBSTONES).table()
-        if dt is not None:
-            tombs = dt.to_pyarrow_dataset().to_table(
-                filter=pc.field("edge_id").isin(rows.column("edge_id").combine_chunks())
-            )
+        location = _location(ds, TOMBSTONES)
+        listed = state.files.get(TOMBSTONES) or _table_files(ds, TOMBSTONES, "edge_id")
+        if listed:
+            root = location.uri.rstrip("/")
+            fs, _ = arrow_filesystem(root, location.storage_options)
+            tombs = pads.dataset(
+                [
+                    arrow_filesystem(f"{root}/{f['path']}", location.storage_options)[1]
+                    for f in listed
+                ],
+                schema=TOMBSTONE_SCHEMA,
+                format="parquet",
+                filesystem=fs,
+            ).to_table(filter=pc.field("edge_id").isin(rows.column("edge_id").combine_chunks()))
             tombs = tombs.filter(pc.is_in(tombs.column("generation"), done))
             if tombs.num_rows:
                 latest = tombs.group_by(["origin", "edge_id"]).aggregate([("generation", "max")])
@@ -515,7 +561,7 @@ def refs(
     ):
         if direction not in (way, "both"):
             continue
-        rows = _visible(ds, _lookup(ds, table, column, entity_id, props), state)
+        rows = _visible(ds, _lookup(ds, table, column, entity_id, props, state), state)
         for row in rows.to_pylist():
             found.append((way, {**row, "other": row[other]}))
     return _describe(ds, found, schemata, None)
