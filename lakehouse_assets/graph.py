@@ -55,10 +55,7 @@ from lakehouse_assets import faults
 from lakehouse_assets.delta import DeltaLocation
 from lakehouse_assets.errors import InvalidNameError, LakehouseError
 from lakehouse_assets.tables import (
-    STATEMENTS_PARTITION,
-    STATEMENTS_SCHEMA,
     DatasetSnapshot,
-    arrow_dataset,
     arrow_filesystem,
 )
 
@@ -391,25 +388,9 @@ def _max_generation(ds: Dataset) -> int:
 
 def _statement_rows(ds: Dataset, snapshot: DatasetSnapshot, keys: pa.Table) -> pa.Table:
     """The statement rows of (origin, id) keys, read from the buckets they are in."""
-    if keys.num_rows == 0:
-        return STATEMENTS_SCHEMA.empty_table()
-    buckets = pc.unique(keys.column("bucket")).to_pylist()
-    files = [
-        f
-        for f in snapshot.statements.files
-        if f.min_bucket is None
-        or f.max_bucket is None
-        or any(f.min_bucket <= b <= f.max_bucket for b in buckets)
-    ]
-    where = pc.field("bucket").isin(buckets) & pc.field("id").isin(
-        keys.column("id").combine_chunks()
-    )
-    rows = arrow_dataset(
-        files,
-        STATEMENTS_SCHEMA,
-        ds.statements_table.storage_options,
-        partition=STATEMENTS_PARTITION,
-    ).to_table(filter=where)
+    from lakehouse_assets.query import rows_by_id
+
+    rows = rows_by_id(ds, snapshot, keys)
     return rows.join(keys.select(["origin", "id"]), keys=["origin", "id"], join_type="inner")
 
 
@@ -555,16 +536,29 @@ def refs(
             "update` (or materialize the `graph` asset)"
         )
     found: list[tuple[str, dict[str, Any]]] = []
-    for way, table, column, other in (
-        ("in", BY_TARGET, "target", "source"),
-        ("out", BY_SOURCE, "source", "target"),
-    ):
+    for way in ("in", "out"):
         if direction not in (way, "both"):
             continue
-        rows = _visible(ds, _lookup(ds, table, column, entity_id, props, state), state)
-        for row in rows.to_pylist():
+        other = "source" if way == "in" else "target"
+        for row in edges_at(ds, entity_id, way, props, state).to_pylist():
             found.append((way, {**row, "other": row[other]}))
     return _describe(ds, found, schemata, None)
+
+
+def edges_at(
+    ds: Dataset,
+    entity_id: str,
+    direction: str = "in",
+    props: Sequence[str] | None = None,
+    state: GraphState | None = None,
+) -> pa.Table:
+    """The index's visible edges into (``in``) or out of (``out``) an entity: the
+    lookup ``refs`` makes, without the other entities' captions."""
+    state = state or GraphState.load(ds)
+    if state is None:
+        return EDGE_SCHEMA.empty_table()
+    table, column = (BY_TARGET, "target") if direction == "in" else (BY_SOURCE, "source")
+    return _visible(ds, _lookup(ds, table, column, entity_id, props, state), state)
 
 
 def _scan_edges(

@@ -107,6 +107,35 @@ def live_statements(
     return live.select(LIVE_SCHEMA.names).sort_by([(c, "ascending") for c in SORT])
 
 
+def rows_by_id(
+    ds: Dataset,
+    snapshot: DatasetSnapshot,
+    keys: pa.Table,
+    columns: Sequence[str] | None = None,
+) -> pa.Table:
+    """Statement rows (live or not) whose ``id`` is in ``keys`` (a table with ``id``
+    and ``bucket`` columns), reading only the files of those buckets."""
+    if keys.num_rows == 0:
+        return STATEMENTS_SCHEMA.empty_table().select(list(columns or STATEMENTS_SCHEMA.names))
+    buckets = pc.unique(keys.column("bucket")).to_pylist()
+    files = [
+        f
+        for f in snapshot.statements.files
+        if f.min_bucket is None
+        or f.max_bucket is None
+        or any(f.min_bucket <= b <= f.max_bucket for b in buckets)
+    ]
+    where = pc.field("bucket").isin(buckets) & pc.field("id").isin(
+        keys.column("id").combine_chunks()
+    )
+    return arrow_dataset(
+        files,
+        STATEMENTS_SCHEMA,
+        ds.statements_table.storage_options,
+        partition=STATEMENTS_PARTITION,
+    ).to_table(columns=list(columns) if columns else None, filter=where)
+
+
 def bucket_ranges(snapshot: DatasetSnapshot, chunk_bytes: int) -> list[tuple[int, int]]:
     """Ranges of buckets whose statements hold about ``chunk_bytes`` of Parquet
     each (by the files' sizes and bucket statistics in the Delta log)."""

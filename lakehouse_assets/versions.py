@@ -817,25 +817,11 @@ def _no_nulls(table: pa.Table) -> pa.Table:
 
 
 def _canonical_ids(ds: Dataset, snapshot: DatasetSnapshot | None, rows: pa.Table) -> set[str]:
+    from lakehouse_assets.query import rows_by_id
+
     if snapshot is None or rows.num_rows == 0:
         return set()
-    buckets = pc.unique(rows.column("bucket")).to_pylist()
-    files = [
-        f
-        for f in snapshot.statements.files
-        if f.min_bucket is None
-        or f.max_bucket is None
-        or any(f.min_bucket <= b <= f.max_bucket for b in buckets)
-    ]
-    where = pc.field("bucket").isin(buckets) & pc.field("id").isin(
-        rows.column("id").combine_chunks()
-    )
-    found = arrow_dataset(
-        files,
-        STATEMENTS_SCHEMA,
-        ds.statements_table.storage_options,
-        partition=STATEMENTS_PARTITION,
-    ).to_table(columns=["canonical_id"], filter=where)
+    found = rows_by_id(ds, snapshot, rows, columns=["canonical_id"])
     return set(pc.unique(found.column("canonical_id")).to_pylist())
 
 

@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from lakehouse_assets import Lakehouse, Settings
+from lakehouse_assets.lake import Dataset
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -152,6 +153,19 @@ def lakehouse_env(lake: Lakehouse, **extra: str) -> dict[str, str]:
         if value:
             env[key] = value
     return env
+
+
+def cli_args(ds: Dataset) -> list[str]:
+    """The CLI's options that open a dataset's lake, journal and dataset."""
+    lake = ds.lake
+    return [
+        "--lake",
+        lake.store.uri,
+        "--journal-url",
+        lake.settings.resolved_journal_url(),
+        "-d",
+        ds.name,
+    ]
 
 
 @pytest.fixture

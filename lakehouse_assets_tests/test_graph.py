@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from lakehouse_assets import faults, graph
 from lakehouse_assets.errors import InvalidNameError
 from lakehouse_assets.lake import Dataset, Lakehouse
-from lakehouse_assets_tests.conftest import lakehouse_env, sample_entities
+from lakehouse_assets_tests.conftest import cli_args, lakehouse_env, sample_entities
 from lakehouse_assets_tests.test_exports import input_entities
 
 
@@ -139,14 +139,7 @@ def test_refs_lookups(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-
 
     from lakehouse_assets.cli import cli
 
-    base = [
-        "--lake",
-        local_lake.store.uri,
-        "--journal-url",
-        local_lake.settings.resolved_journal_url(),
-        "-d",
-        ds.name,
-    ]
+    base = cli_args(ds)
     result = CliRunner().invoke(cli, [*base, "refs", asset])
     assert result.exit_code == 0, result.output
     assert {json.loads(line)["other_id"] for line in result.output.splitlines()} >= {"own-2"}

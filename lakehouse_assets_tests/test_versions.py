@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, versions
 from lakehouse_assets.lake import Dataset, Lakehouse
-from lakehouse_assets_tests.conftest import examples, sample_entities
+from lakehouse_assets_tests.conftest import cli_args, examples, sample_entities
 from lakehouse_assets_tests.test_exports import normal
 
 
@@ -625,14 +625,7 @@ def test_cli_versions_verify_as_of(spark, local_lake: Lakehouse) -> None:  # typ
     ds.make()
     ds.delete_entity(str(entities[0]["id"]))
     ds.make()
-    base = [
-        "--lake",
-        local_lake.store.uri,
-        "--journal-url",
-        local_lake.settings.resolved_journal_url(),
-        "-d",
-        ds.name,
-    ]
+    base = cli_args(ds)
     runner = CliRunner()
     out = runner.invoke(cli, [*base, "versions"])
     assert out.exit_code == 0, out.output
