@@ -304,7 +304,11 @@ def entities_write(obj: Context, path: str, origin: str) -> None:
         tqdm(unit=" lines", desc=f"{ds.name}", file=sys.stderr, disable=None) as bar,
     ):
         bulk = ds.write_entities(fh, origin=origin, source=source, progress=bar.update)
-    click.echo(f"wrote {bulk.entities} entities, {bulk.count} statements to {ds.name}", err=True)
+    click.echo(
+        f"wrote {bulk.entities} entities, {bulk.count} statements to {ds.name} "
+        f"(write {bulk.write.write_id} by tenant {bulk.write.tenant})",
+        err=True,
+    )
 
 
 @entities.command("delete")
@@ -338,7 +342,11 @@ def statements_write(obj: Context, path: str, origin: str) -> None:
         for stmt in read_statements_csv(fh, dataset=ds.name, origin=bulk.origin, source=source):
             bulk.add_statement(stmt)
             bar.update()
-    click.echo(f"wrote {bulk.count} statements to {ds.name}", err=True)
+    click.echo(
+        f"wrote {bulk.count} statements to {ds.name} "
+        f"(write {bulk.write.write_id} by tenant {bulk.write.tenant})",
+        err=True,
+    )
 
 
 # --- tags -------------------------------------------------------------------
@@ -968,7 +976,8 @@ def trace_cmd(obj: Context, key: str) -> None:
 
     One JSON line per statement: its values, origin and what the origin names
     (the archived file, the mapping, the crawl runs), first_seen / last_seen /
-    deleted_at, and the versions that published and removed it.
+    deleted_at, the tenant and journal write that first wrote it and that last
+    wrote or deleted it, and the versions that published and removed it.
 
     \b
     Example:

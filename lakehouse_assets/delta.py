@@ -220,6 +220,7 @@ def commit(
                         "and commits nothing"
                     )
                 fence.check()
+            _add_missing_columns(table, schema, props)
             table.create_write_transaction(
                 list(actions),
                 mode,
@@ -241,6 +242,26 @@ def commit(
     latest = location.table()
     assert latest is not None
     return latest.version()
+
+
+def _add_missing_columns(table: DeltaTable, schema: pa.Schema, props: CommitProperties) -> None:
+    """Evolve a table made by an earlier version: add the (nullable) columns ``schema``
+    has and the table lacks, so that every Delta reader (delta-spark, DuckDB, Polars)
+    sees them. Its own commit, made just before the data commit; old files read
+    the new columns as NULL."""
+    present = {f.name for f in table.schema().fields}
+    missing = [f for f in schema if f.name not in present]
+    if missing:
+        fields = DeltaSchema.from_arrow(pa.schema(missing)).fields
+        table.alter.add_columns(
+            list(fields),
+            commit_properties=CommitProperties(
+                custom_metadata={
+                    **(props.custom_metadata or {}),
+                    "lakehouse.schema": "added " + ", ".join(f.name for f in missing),
+                }
+            ),
+        )
 
 
 def committed_version(location: DeltaLocation, app_id: str) -> int | None:

@@ -63,6 +63,7 @@ from lakehouse_assets.spark.delta_io import arrow_frame, read_snapshot, write_fi
 from lakehouse_assets.spark.journal_source import journal_frame, reachable
 from lakehouse_assets.spark.session import get_spark, parallelism, remote_url, scratch_cleanup
 from lakehouse_assets.tables import (
+    PROVENANCE_FIELDS,
     STATEMENT_FIELDS,
     STATEMENTS_PARTITION,
     STATEMENTS_SCHEMA,
@@ -135,8 +136,22 @@ def plan_batches(buckets: Sequence[tuple[int, int]], batch_rows: int) -> list[li
 _STATEMENT_COLUMNS = tuple(
     c for c in STATEMENT_FIELDS if c not in ("id", "first_seen", "last_seen")
 )
-#: The reduced batch: a statement's columns, its seen range, the last event's tombstone.
-REDUCED_SCHEMA = pa.schema([*STATEMENTS_SCHEMA, pa.field("deleted_at", pa.string())])
+#: The reduced batch: a statement's columns, its seen range, the last event's
+#: tombstone, and the tenant and write of its first and last events.
+REDUCED_SCHEMA = pa.schema(
+    [
+        *STATEMENTS_SCHEMA,
+        pa.field("deleted_at", pa.string()),
+        *(pa.field(name, pa.string()) for name in PROVENANCE_FIELDS),
+    ]
+)
+#: Provenance field → (journal column, aggregation over a statement's events in order).
+_PROVENANCE_SOURCES = {
+    "first_tenant": ("tenant", "first"),
+    "first_write": ("write_id", "first"),
+    "last_tenant": ("tenant", "last"),
+    "last_write": ("write_id", "last"),
+}
 
 
 def reduce_events(events: pa.Table) -> pa.Table:
@@ -144,7 +159,8 @@ def reduce_events(events: pa.Table) -> pa.Table:
 
     A statement's columns come from its first live (not tombstone) event, its
     ``first_seen`` is the earliest, ``last_seen`` the latest, ``deleted_at``
-    the last event's (NULL: written last, so live). Done in Arrow on the
+    the last event's (NULL: written last, so live), and the tenant and write
+    of its first and its last event. Done in Arrow on the
     driver, where the batch already is: most statements have one event in a
     batch and pass straight through (a hash count finds them); only those
     with several events go through the ordered aggregation. (Spark's
@@ -155,6 +171,9 @@ def reduce_events(events: pa.Table) -> pa.Table:
     keys = ["origin", "id"]
     counts = events.group_by(keys).aggregate([("seq", "count")])
     repeated = counts.filter(pc.greater(counts["seq_count"], 1))
+    # a statement with one event: it is its first and its last
+    for name, (source, _) in _PROVENANCE_SOURCES.items():
+        events = events.append_column(name, events[source])
     if repeated.num_rows == 0:
         return events.select(names)
     key = pc.binary_join_element_wise(events["origin"], events["id"], "\x1f")
@@ -175,6 +194,7 @@ def reduce_events(events: pa.Table) -> pa.Table:
             ("last_seen", "max"),
             ("deleted_at", "last", keep_nulls),
             ("bucket", "first"),
+            *((source, agg, keep_nulls) for source, agg in _PROVENANCE_SOURCES.values()),
         ]
     )
     joined = seen.join(firsts, keys=keys, join_type="left outer")
@@ -190,6 +210,8 @@ def reduce_events(events: pa.Table) -> pa.Table:
             ("id", ""),
         ]
     }
+    for name, (source, agg) in _PROVENANCE_SOURCES.items():
+        columns[name] = joined[f"{source}_{agg}"]
     many = pa.table(
         [columns[n].cast(f.type) for n, f in zip(names, REDUCED_SCHEMA, strict=True)], names=names
     )
@@ -219,9 +241,11 @@ def rewrite_translog(
 ) -> int | None:
     """Upsert translog rows: rewrite the files that may hold them, in one commit.
 
-    A row's ``first_seen`` only moves back, ``last_seen`` only forward, and
-    ``deleted_at`` is the last event's: applying the same updates twice gives
-    the same rows, which is what makes a retried flush safe. The commit
+    A row's ``first_seen`` only moves back, ``last_seen`` only forward,
+    ``deleted_at`` and the last tenant/write are the last event's, and the
+    first tenant/write stay those of the first flush that stored the row:
+    applying the same updates twice gives the same rows, which is what makes
+    a retried flush safe. The commit
     publishes the statements version ``publishes`` (see :mod:`tables`).
     """
     from pyspark.sql import functions as F
@@ -230,8 +254,19 @@ def rewrite_translog(
     options = location.storage_options
     snapshot = Snapshot.load(location)
     old_files = snapshot.select(span)
-    old = read_snapshot(spark, old_files, TRANSLOG_SCHEMA, options).alias("t")
+    old = (
+        read_snapshot(spark, old_files, TRANSLOG_SCHEMA, options)
+        .withColumn("_stored", F.lit(True))
+        .alias("t")
+    )
     new = updates.select(*TRANSLOG_SCHEMA.names).withColumn("_update", F.lit(True)).alias("s")
+
+    def latest(name: str) -> Any:
+        return F.when(F.col("s._update"), F.col(f"s.{name}")).otherwise(F.col(f"t.{name}"))
+
+    def earliest(name: str) -> Any:  # a stored row keeps its first write, even unknown
+        return F.when(F.col("t._stored"), F.col(f"t.{name}")).otherwise(F.col(f"s.{name}"))
+
     merged = (
         old.join(new, ["origin", "id"], "full_outer")
         .select(
@@ -240,9 +275,11 @@ def rewrite_translog(
             "id",
             F.least(F.col("t.first_seen"), F.col("s.first_seen")).alias("first_seen"),
             F.greatest(F.col("t.last_seen"), F.col("s.last_seen")).alias("last_seen"),
-            F.when(F.col("s._update"), F.col("s.deleted_at"))
-            .otherwise(F.col("t.deleted_at"))
-            .alias("deleted_at"),
+            latest("deleted_at").alias("deleted_at"),
+            earliest("first_tenant").alias("first_tenant"),
+            earliest("first_write").alias("first_write"),
+            latest("last_tenant").alias("last_tenant"),
+            latest("last_write").alias("last_write"),
         )
         .repartitionByRange(_tasks(ds, rows, sum(f.size for f in old_files)), "bucket")
         .sortWithinPartitions("bucket", "origin", "id")
@@ -389,6 +426,7 @@ def _flush_batch(
         "last_seen",
         "deleted_at",
         "origin",
+        *PROVENANCE_FIELDS,
         "in_main",
     )
     counts = updates.agg(

@@ -55,8 +55,10 @@ from lakehouse_assets import faults
 from lakehouse_assets.delta import DeltaLocation
 from lakehouse_assets.errors import InvalidNameError, LakehouseError
 from lakehouse_assets.tables import (
+    DataFile,
     DatasetSnapshot,
     arrow_filesystem,
+    point_lookup,
 )
 
 if TYPE_CHECKING:
@@ -420,8 +422,8 @@ def _lookup(
     state: GraphState | None = None,
 ) -> pa.Table:
     """Rows of one direction whose lookup column is ``entity_id`` (pruned by each
-    file's min/max, from the state's file list or the Delta log, and by Parquet
-    statistics per row group)."""
+    file's min/max, from the state's file list or the Delta log, then by Parquet
+    statistics and bloom filters per row group)."""
     location = _location(ds, table)
     listed = state.files.get(table) if state is not None and state.files else None
     if listed is None:
@@ -435,18 +437,11 @@ def _lookup(
         prop = f.get("prop")
         if props and prop not in props:
             continue
-        files.append((f"{root}/{f['path']}", prop))
-    if not files:
-        return EDGE_SCHEMA.empty_table()
-    fs, _ = arrow_filesystem(files[0][0], location.storage_options)
-    dataset = pads.FileSystemDataset.from_paths(
-        [arrow_filesystem(uri, location.storage_options)[1] for uri, _ in files],
-        schema=EDGE_SCHEMA,
-        format=pads.ParquetFileFormat(),
-        filesystem=fs,
-        partitions=[pc.field("prop") == pc.scalar(prop) for _, prop in files],
+        files.append(DataFile(f"{root}/{f['path']}", str(f["path"]), 0, {"prop": prop}, None, None))
+    # bloom filters on the lookup column skip the row groups min/max cannot
+    return point_lookup(
+        files, EDGE_SCHEMA, location.storage_options, {column: [entity_id]}, partition="prop"
     )
-    return dataset.to_table(filter=pc.field(column) == entity_id)
 
 
 def _visible(ds: Dataset, rows: pa.Table, state: GraphState) -> pa.Table:

@@ -34,7 +34,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,10 @@ journal_table = Table(
     Column("first_seen", String(32)),
     Column("last_seen", String(32)),
     Column("deleted_at", String(32)),
+    # provenance, stamped by the journal on every row of a write (NULL: a row
+    # written before provenance was recorded)
+    Column("tenant", String(128)),
+    Column("write_id", String(40)),
     # the flush that claimed the row (NULL: not claimed yet)
     Column("flush_id", String(32)),
     Index("ix_lakehouse_journal_dataset_bucket", "dataset", "bucket"),
@@ -101,12 +105,17 @@ journal_table = Table(
 
 #: Columns the journal keeps for itself, not part of a written row.
 BOOKKEEPING = ("seq", "flush_id")
+#: Who wrote a row and in which write: stamped by :meth:`Journal.insert_rows`
+#: from the :class:`Write` it is given, never by the row's maker.
+PROVENANCE = ("tenant", "write_id")
 #: Column order of the tuples written and read by the journal.
-COLUMNS: tuple[str, ...] = tuple(c.name for c in journal_table.columns if c.name not in BOOKKEEPING)
+COLUMNS: tuple[str, ...] = tuple(
+    c.name for c in journal_table.columns if c.name not in (*BOOKKEEPING, *PROVENANCE)
+)
 
 Row = tuple[Any, ...]
 
-#: Arrow types of the rows flush reads (``seq`` then ``COLUMNS``).
+#: Arrow types of the rows flush reads (``seq``, ``COLUMNS``, then ``PROVENANCE``).
 EVENTS_SCHEMA = pa.schema(
     [("seq", pa.int64())]
     + [
@@ -114,9 +123,47 @@ EVENTS_SCHEMA = pa.schema(
             name,
             pa.int32() if name == "bucket" else pa.bool_() if name == "external" else pa.string(),
         )
-        for name in COLUMNS
+        for name in (*COLUMNS, *PROVENANCE)
     ]
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """One acknowledged write to the journal (a bulk, a delete): who made it and its id.
+
+    The id sorts by time and says when the write began
+    (``20261124T101500Z-3f2a9c1b7d4e``); every row of the write carries it and
+    the tenant, and flush keeps both in the translog (first and last write of
+    each statement), so ``trace`` can answer who wrote a statement, and in
+    which write.
+    """
+
+    tenant: str
+    write_id: str
+
+    @classmethod
+    def new(cls, tenant: str) -> Write:
+        import uuid
+
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        return cls(tenant, f"{stamp}-{uuid.uuid4().hex[:12]}")
+
+    @property
+    def started_at(self) -> str | None:
+        """When the write began (from its id), ISO 8601, UTC."""
+        return write_time(self.write_id)
+
+
+def write_time(write_id: str | None) -> str | None:
+    """The start time a write id carries (None for an id of another form)."""
+    if not write_id or len(write_id) < 16:
+        return None
+    try:
+        when = datetime.strptime(write_id[:16], "%Y%m%dT%H%M%SZ")
+    except ValueError:
+        return None
+    return when.strftime("%Y-%m-%dT%H:%M:%S")
 
 
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
@@ -198,7 +245,7 @@ def sqlite_path(url: str) -> str | None:
 
 
 def _record_batch(rows: Sequence[Sequence[Any]]) -> pa.RecordBatch:
-    """Rows ``(seq, *COLUMNS)`` from a DB-API cursor as one Arrow batch."""
+    """Rows (:data:`EVENTS_SCHEMA` order) from a DB-API cursor as one Arrow batch."""
     columns = list(zip(*rows, strict=True))
     external = EVENTS_SCHEMA.get_field_index("external")
     columns[external] = tuple(bool(v) for v in columns[external])
@@ -325,11 +372,13 @@ class Journal:
     def _migrate(self) -> None:
         """Bring a journal made by an earlier version up to this schema."""
         present = {c["name"] for c in inspect(self.engine).get_columns(journal_table.name)}
-        if "flush_id" not in present:
-            with self.engine.begin() as conn:
-                conn.exec_driver_sql(
-                    f"ALTER TABLE {journal_table.name} ADD COLUMN flush_id VARCHAR(32)"
-                )
+        added = {"flush_id": "VARCHAR(32)", "tenant": "VARCHAR(128)", "write_id": "VARCHAR(40)"}
+        for name, sql_type in added.items():
+            if name not in present:
+                with self.engine.begin() as conn:
+                    conn.exec_driver_sql(
+                        f"ALTER TABLE {journal_table.name} ADD COLUMN {name} {sql_type}"
+                    )
         if self.dialect == "sqlite":
             self._migrate_autoincrement()
 
@@ -354,20 +403,23 @@ class Journal:
 
     # --- writing --------------------------------------------------------
 
-    def insert_rows(self, conn: Connection, rows: Sequence[Row]) -> None:
-        """Insert rows (``COLUMNS`` order) on an open transaction, fast."""
+    def insert_rows(self, conn: Connection, rows: Sequence[Row], write: Write) -> None:
+        """Insert rows (``COLUMNS`` order) of ``write`` on an open transaction, fast."""
         if not rows:
             return
+        stamp = (write.tenant, write.write_id)
+        rows = [(*r, *stamp) for r in rows]
+        names = (*COLUMNS, *PROVENANCE)
         if self.dialect == "sqlite":
-            cols = ", ".join(f'"{c}"' for c in COLUMNS)
-            marks = ", ".join("?" for _ in COLUMNS)
+            cols = ", ".join(f'"{c}"' for c in names)
+            marks = ", ".join("?" for _ in names)
             conn.exec_driver_sql(
-                f"INSERT INTO {journal_table.name} ({cols}) VALUES ({marks})", list(rows)
+                f"INSERT INTO {journal_table.name} ({cols}) VALUES ({marks})", rows
             )
         elif self.dialect == "postgresql":
             # COPY: one round trip per batch and no per-row statement parsing
             # (about 6x INSERT ... VALUES pages)
-            cols = ", ".join(f'"{c}"' for c in COLUMNS)
+            cols = ", ".join(f'"{c}"' for c in names)
             dbapi = conn.connection.dbapi_connection
             assert dbapi is not None
             cur = dbapi.cursor()
@@ -379,7 +431,7 @@ class Journal:
             finally:
                 cur.close()
         else:
-            conn.execute(journal_table.insert(), [dict(zip(COLUMNS, r, strict=True)) for r in rows])
+            conn.execute(journal_table.insert(), [dict(zip(names, r, strict=True)) for r in rows])
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
@@ -387,18 +439,18 @@ class Journal:
         with self.engine.begin() as conn:
             yield conn
 
-    def write(self, rows: Iterable[Row], batch_size: int = 10_000) -> int:
-        """Insert rows in one transaction; returns how many were written."""
+    def write(self, rows: Iterable[Row], write: Write, batch_size: int = 10_000) -> int:
+        """Insert the rows of ``write`` in one transaction; returns how many were written."""
         count = 0
         with self.transaction() as conn:
             batch: list[Row] = []
             for row in rows:
                 batch.append(row)
                 if len(batch) >= batch_size:
-                    self.insert_rows(conn, batch)
+                    self.insert_rows(conn, batch, write)
                     count += len(batch)
                     batch = []
-            self.insert_rows(conn, batch)
+            self.insert_rows(conn, batch, write)
             count += len(batch)
         return count
 
@@ -491,7 +543,7 @@ class Journal:
             return [(int(b), int(n)) for b, n in conn.execute(q)]
 
     def read_claimed(self, claim: Claim, buckets: Sequence[int]) -> pa.Table:
-        """Claimed rows ``(seq, *COLUMNS)`` of a range of buckets as Arrow
+        """Claimed rows of a range of buckets as Arrow
         (:data:`EVENTS_SCHEMA`), in no particular order (flush reduces them).
 
         Flush reads millions of rows, so this bypasses SQLAlchemy's row
@@ -503,7 +555,7 @@ class Journal:
         a stale snapshot of the WAL journal.)
         """
         low, high = min(buckets), max(buckets)
-        columns = ", ".join(f'"{c}"' for c in ("seq", *COLUMNS))
+        columns = ", ".join(f'"{c}"' for c in EVENTS_SCHEMA.names)
         if claim.bound is not None:
             where = "dataset = {p} AND seq <= {p} AND bucket BETWEEN {p} AND {p}"
             params: tuple[Any, ...] = (claim.dataset, claim.bound, low, high)

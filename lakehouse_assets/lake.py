@@ -40,7 +40,7 @@ from lakehouse_assets.entities import (
 from lakehouse_assets.errors import DatasetNotFoundError, InvalidInputError
 from lakehouse_assets.ingest import convert_lines
 from lakehouse_assets.jobs import JobRecorder, record_job
-from lakehouse_assets.journal import Journal, Row, iso, statement_row
+from lakehouse_assets.journal import Journal, Row, Write, iso, statement_row
 from lakehouse_assets.locks import Lock, dataset_lock, operation_lock
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.sources import local_path
@@ -423,7 +423,7 @@ class Dataset:
             statement_row(s, self.name, s.origin or cv.DEFAULT_ORIGIN, deleted_at=now)
             for s in stmts
         ]
-        self.journal.write(rows)
+        self.journal.write(rows, Write.new(self.lake.tenant))
         self.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
         return len(rows)
 
@@ -431,7 +431,7 @@ class Dataset:
         """Tombstone a single statement."""
         origin = cv.origin(stmt.origin or origin or cv.DEFAULT_ORIGIN)
         row = statement_row(stmt, self.name, origin, deleted_at=iso(cv.utcnow()))
-        self.journal.write([row])
+        self.journal.write([row], Write.new(self.lake.tenant))
         self.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
 
     # --- data plane (Spark for batch work, pyarrow for point reads) ------
@@ -543,6 +543,8 @@ class BulkWriter:
         self.journal = dataset.journal
         self.batch_size = dataset.settings.journal_batch_size
         self.seen = iso(cv.utcnow())
+        #: who writes and this write's id: every row is stamped with them
+        self.write = Write.new(dataset.lake.tenant)
         self.count = 0
         self.entities = 0
         self._rows: list[Row] = []
@@ -558,7 +560,7 @@ class BulkWriter:
         if self._conn is None:
             self._conn = self.journal.engine.connect()
             self._tx = self._conn.begin()
-        self.journal.insert_rows(self._conn, self._rows)
+        self.journal.insert_rows(self._conn, self._rows, self.write)
         self._rows = []
 
     def add_entity(self, entity: EntityProxy | dict[str, Any]) -> int:

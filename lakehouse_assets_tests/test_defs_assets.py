@@ -19,7 +19,7 @@ from lakehouse_assets.defs.checks import CHECKS
 from lakehouse_assets.defs.demo import report_sources
 from lakehouse_assets.defs.partitions import datasets
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
-from lakehouse_assets.journal import statement_row
+from lakehouse_assets.journal import Write, statement_row
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets_tests.conftest import sample_entities
 
@@ -228,7 +228,7 @@ def test_blocking_check_stops_bad_data(
     row = statement_row(good, ds.name, "buggy")
     bad = tuple("favouriteColour" if v == "name" else v for v in row)
     with local_lake.journal.engine.begin() as conn:
-        local_lake.journal.insert_rows(conn, [bad])
+        local_lake.journal.insert_rows(conn, [bad], Write.new("buggy-app"))
     ds.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
 
     result = materialize(local_lake, instance, ds.name)

@@ -9,6 +9,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyarrow import fs as pafs
 
 from lakehouse_assets import Settings
@@ -96,6 +98,45 @@ def test_second_commit_appends_and_time_travel(spark, tmp_path: Path) -> None:  
     assert old is not None and old.to_pyarrow_dataset().count_rows() == 2
 
 
+def test_a_commit_with_new_columns_evolves_the_table(tmp_path: Path) -> None:
+    """A table made before a column existed (a translog without provenance) gains it
+    in its Delta schema on the next commit, so every Delta reader sees it; rows of
+    the old files read it as NULL."""
+    loc = DeltaLocation(str(tmp_path / "t"), {})
+    wide = SCHEMA.append(pa.field("writer", pa.string()))
+
+    def write(name: str, table: pa.Table, schema: pa.Schema) -> int:
+        path = tmp_path / "t" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path)
+        action = add_action(name, path.stat().st_size, pq.read_metadata(path), {})
+        return commit(loc, [action], schema=schema, metadata={"step": name})
+
+    write("old.parquet", pa.table({"id": ["1"], "value": ["a"], "origin": ["o"]}), SCHEMA)
+    version = write(
+        "new.parquet",
+        pa.table({"id": ["2"], "value": ["b"], "origin": ["o"], "writer": ["alice"]}),
+        wide,
+    )
+    assert version == 2  # the schema change, then the data
+    table = loc.table()
+    assert table is not None
+    assert [f.name for f in table.schema().fields] == wide.names
+    rows = table.to_pyarrow_dataset().to_table().sort_by("id").to_pylist()
+    assert [(r["id"], r["writer"]) for r in rows] == [("1", None), ("2", "alice")]
+    files = snapshot_files(loc)
+    got = duckdb.sql(
+        f"SELECT count(*), count(writer) FROM read_parquet({files!r}, union_by_name=true)"
+    ).fetchone()
+    assert got == (2, 1)
+    # the schema change is its own commit, saying what it added (newest first)
+    change = {c["version"]: c for c in table.history()}[1]
+    assert change["lakehouse.schema"] == "added writer" and change["step"] == "new.parquet"
+    # a later commit with the same schema changes nothing in it
+    more = pa.table({"id": ["3"], "value": ["c"], "origin": ["o"], "writer": [None]}, schema=wide)
+    assert write("more.parquet", more, wide) == 3
+
+
 def test_commit_on_s3(tmp_path: Path, s3_settings: Settings) -> None:
     bucket = make_bucket(s3_settings)
     assert s3_settings.s3_endpoint_url is not None
@@ -147,3 +188,52 @@ def test_dataset_tables_point_into_the_layout(lake) -> None:  # type: ignore[no-
     assert ds.statements_table.table() is None  # nothing flushed yet
     if lake.settings.is_s3:
         assert ds.statements_table.storage_options["AWS_ALLOW_HTTP"] == "true"
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.sampled_from([f"id-{i}" for i in range(40)]), min_size=1, max_size=6),
+    st.lists(st.integers(0, 5), min_size=1, max_size=3),
+)
+def test_point_lookup_equals_a_filtered_scan(ids: list[str], buckets: list[int]) -> None:
+    """DuckDB's bloom-filtered lookup (local lakes) returns the rows a pyarrow scan
+    with the same filter does, partition values from the log, and NULL for a column
+    an older file lacks."""
+    import tempfile
+
+    import pyarrow.compute as pc
+
+    from lakehouse_assets.tables import DataFile, arrow_dataset, point_lookup
+
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("bucket", pa.int32()),
+            ("writer", pa.string()),
+            ("origin", pa.string()),
+        ]
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for n, origin in enumerate(("a", "b", "a")):
+            rows = [(f"id-{i}", i % 6) for i in range(n * 10, n * 10 + 20)]
+            table = pa.table(
+                {"id": [r[0] for r in rows], "bucket": pa.array([r[1] for r in rows], pa.int32())}
+            )
+            if n:  # the first file was written before "writer" existed
+                table = table.append_column("writer", pa.array([f"w{n}"] * len(rows)))
+            path = f"{tmp}/part-{n}.parquet"
+            pq.write_table(table, path, row_group_size=7)
+            files.append(DataFile(path, f"part-{n}.parquet", 0, {"origin": origin}, 0, 5))
+        where = {"id": ids, "bucket": buckets}
+        got = point_lookup(files, schema, {}, where, partition="origin")
+        want = arrow_dataset(files, schema, {}, partition="origin").to_table(
+            filter=pc.field("id").isin(ids) & pc.field("bucket").isin(buckets)
+        )
+
+        def key(t: pa.Table) -> list[tuple[object, ...]]:
+            return sorted(tuple(str(v) for v in r.values()) for r in t.to_pylist())
+
+        assert got.schema == schema
+        assert key(got) == key(want)
+        assert all(r["writer"] is None for r in got.to_pylist() if r["id"] < "id-10")

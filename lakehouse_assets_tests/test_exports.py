@@ -206,3 +206,65 @@ def test_cli_flush_make_get_query_stream(spark, tmp_path: Path) -> None:  # type
     optimized = runner.invoke(cli, [*base, "optimize", "--vacuum", "--retention-hours", "0"])
     assert optimized.exit_code == 0, optimized.output
     assert json.loads(optimized.stdout)["vacuumed"] > 0
+
+
+def awkward_entities(rng: Any, count: int) -> list[dict[str, Any]]:
+    """Entities whose values carry what CSV quoting must get right: quotes, commas,
+    line breaks (\\n, \\r\\n, a lone \\r), backslashes, tabs, non-ASCII, emoji."""
+    pieces = ['"', '""', ",", "\n", "\r\n", "\r", "\\", "\t", "ß", "Ж", "中", "🙂", " ", "a", "Z"]
+    out = []
+    for i in range(count):
+        name = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12))).strip() or "x"
+        out.append(
+            {
+                "id": f"awk-{i:03d}",
+                "schema": "Person",
+                "properties": {"name": [f"{name} {i}"], "notes": [name * 2]},
+            }
+        )
+    return out
+
+
+def test_sql_rendering_is_followthemoneys_csv_writer(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    """``statement_csv_buffers`` (the logical hash, as-of exports) gives the bytes of
+    followthemoney's CSVStatementWriter, and of the Spark export, for awkward values,
+    a statement written by two origins, original values, languages and externals."""
+    import random
+
+    from lakehouse_assets.query import statement_csv_buffers
+
+    ds = local_lake.create_dataset("awkward")
+    entities = awkward_entities(random.Random(11), 60)
+    with ds.bulk(origin="crawl") as bulk:
+        for e in entities:
+            bulk.add_entity(e)
+    with ds.bulk(origin="another") as bulk:  # the same statements from a second origin
+        for e in entities[:10]:
+            bulk.add_entity(e)
+        bulk.add_statement(
+            Statement(
+                entity_id="awk-001",
+                prop="name",
+                schema="Person",
+                value='Ann "the, first"',
+                dataset=ds.name,
+                lang="eng",
+                original_value="Ann\n(original)",
+                external=True,
+            )
+        )
+    statements = acknowledged(ds)
+    ds.make()
+    rendered = b"".join(bytes(buffer) for buffer, _ in statement_csv_buffers(ds, ds.snapshot()))
+    # followthemoney's writer over the sorted statements, each id once per entity
+    buf = io.StringIO(newline="")
+    writer = CSVStatementWriter(buf)
+    seen: set[tuple[str | None, str | None]] = set()
+    for stmt in sorted(statements, key=lambda s: tuple(getattr(s, k) or "" for k in SORT)):
+        if (stmt.canonical_id, stmt.id) not in seen:
+            seen.add((stmt.canonical_id, stmt.id))
+            writer.write(stmt)
+    writer.close()
+    assert rendered.decode("utf-8") == buf.getvalue()
+    assert rendered == ds.store.read_bytes(cv.dataset_path(ds.name, cv.STATEMENTS_CSV))
+    assert sum(n for _, n in statement_csv_buffers(ds, ds.snapshot())) == len(seen)

@@ -168,17 +168,27 @@ def reference_reduce(
     events: list[dict[str, object]],
 ) -> dict[tuple[object, object], dict[str, object]]:
     """The rule, spelled out: per (origin, id), columns of the first live event,
-    the earliest first_seen, the latest last_seen, the last event's deleted_at."""
+    the earliest first_seen, the latest last_seen, the last event's deleted_at,
+    the tenant and write of the first and of the last event."""
     out: dict[tuple[object, object], dict[str, object]] = {}
     for event in sorted(events, key=lambda e: e["seq"]):  # type: ignore[arg-type, return-value]
         key = (event["origin"], event["id"])
-        row = out.setdefault(key, {"first_seen": None, "last_seen": None})
+        row = out.setdefault(
+            key,
+            {
+                "first_seen": None,
+                "last_seen": None,
+                "first_tenant": event["tenant"],
+                "first_write": event["write_id"],
+            },
+        )
         if event["deleted_at"] is None and "value" not in row:
             row.update({c: event[c] for c in ("schema", "value", "canonical_id", "lang")})
         fs, ls = event["first_seen"], event["last_seen"]
         row["first_seen"] = fs if row["first_seen"] is None else min(row["first_seen"], fs)  # type: ignore[type-var]
         row["last_seen"] = ls if row["last_seen"] is None else max(row["last_seen"], ls)  # type: ignore[type-var]
         row["deleted_at"] = event["deleted_at"]
+        row["last_tenant"], row["last_write"] = event["tenant"], event["write_id"]
     return out
 
 
@@ -191,6 +201,8 @@ def reference_reduce(
             st.sampled_from(["Person", "LegalEntity"]),  # schema (may differ per event)
             st.booleans(),  # tombstone?
             st.integers(0, 9),  # seen time
+            st.sampled_from(["alice", "bob"]),  # tenant
+            st.integers(0, 3),  # write (several events may share one)
         ),
         min_size=1,
         max_size=30,
@@ -198,13 +210,13 @@ def reference_reduce(
     st.randoms(),
 )
 def test_reduce_events_follows_the_rule(
-    raw: list[tuple[str, str, str, bool, int]], rnd: Any
+    raw: list[tuple[str, str, str, bool, int, str, int]], rnd: Any
 ) -> None:
     from lakehouse_assets.flush import REDUCED_SCHEMA, reduce_events
     from lakehouse_assets.journal import EVENTS_SCHEMA
 
     events = []
-    for seq, (origin, sid, schema, tomb, t) in enumerate(raw):
+    for seq, (origin, sid, schema, tomb, t, tenant, write) in enumerate(raw):
         ts = f"2026-01-01T00:00:0{t}"
         events.append(
             {
@@ -225,6 +237,8 @@ def test_reduce_events_follows_the_rule(
                 "first_seen": ts,
                 "last_seen": ts,
                 "deleted_at": ts if tomb else None,
+                "tenant": tenant,
+                "write_id": f"20260101T00000{write}Z-{tenant}",
             }
         )
     shuffled = list(events)

@@ -613,6 +613,123 @@ def test_trace_names_origin_file_and_versions(spark, local_lake: Lakehouse, tmp_
     assert len([p for p in local_lake.store.list("versions/") if p.endswith("index.json")]) >= 2
 
 
+def test_trace_names_the_tenant_and_write(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    """Provenance recorded at write time: every journal row carries its tenant and
+    write id, and the translog keeps the first and the last write of each statement."""
+    from lakehouse_assets.journal import write_time
+
+    alice = Lakehouse(settings=local_lake.settings, tenant="alice")
+    bob = Lakehouse(settings=local_lake.settings, tenant="bob")
+    ds = alice.create_dataset("written")
+    entities = sample_entities()
+    with ds.bulk(origin="import") as first:
+        first.add_entity(entities[0])
+        first.add_entity(entities[1])
+    assert first.write.tenant == "alice"
+    ds.make()
+    same = bob.dataset(ds.name)
+    with same.bulk(origin="import") as second:  # the same statements again
+        second.add_entity(entities[0])
+    same.make()
+    trace = {s["id"]: s for s in ds.trace(str(entities[0]["id"]))}
+    assert trace
+    for item in trace.values():
+        assert item["written_by"]["tenant"] == "alice"
+        assert item["written_by"]["write_id"] == first.write.write_id
+        assert item["last_written_by"]["write_id"] == second.write.write_id
+        assert item["last_written_by"]["tenant"] == "bob"
+    started = write_time(first.write.write_id)
+    assert started is not None and started[:4] == cv.utcnow().strftime("%Y")
+    # untouched by bob: first and last write are alice's
+    other = ds.trace(str(entities[1]["id"]))
+    assert other and all(s["last_written_by"] == s["written_by"] for s in other)
+    # a delete is a write too: the last writer is the deleting tenant
+    assert same.delete_entity(str(entities[0]["id"])) == len(trace)
+    same.make()
+    gone = ds.trace(str(entities[0]["id"]))
+    assert gone and all(s["deleted_at"] for s in gone)
+    assert all(s["written_by"]["write_id"] == first.write.write_id for s in gone)
+    deleters = {s["last_written_by"]["write_id"] for s in gone}
+    assert len(deleters) == 1 and second.write.write_id not in deleters
+    assert all(s["last_written_by"]["tenant"] == "bob" for s in gone)
+
+
+OLD_JOURNAL = {  # the journal table as versions before provenance created it
+    "sqlite": "seq INTEGER PRIMARY KEY AUTOINCREMENT",
+    "postgresql": "seq BIGSERIAL PRIMARY KEY",
+}
+OLD_COLUMNS = (
+    "dataset VARCHAR(128) NOT NULL, bucket INTEGER NOT NULL, origin VARCHAR(255) NOT NULL, "
+    "canonical_id VARCHAR(1024) NOT NULL, entity_id VARCHAR(1024) NOT NULL, "
+    "id VARCHAR(64) NOT NULL, prop VARCHAR(255) NOT NULL, prop_type VARCHAR(64) NOT NULL, "
+    "schema VARCHAR(255) NOT NULL, value TEXT NOT NULL, lang VARCHAR(16), original_value TEXT, "
+    "external BOOLEAN NOT NULL, first_seen VARCHAR(32), last_seen VARCHAR(32), "
+    "deleted_at VARCHAR(32), flush_id VARCHAR(32)"
+)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def old_journal(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """A journal made by a version before provenance, holding one unflushed row: a
+    SQLite file, or a database of its own on the PostgreSQL server."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    from lakehouse_assets.journal import bucket_of
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+        admin, name = None, None
+    else:
+        server = str(request.getfixturevalue("postgres_url"))
+        name = f"lakehouse_old_{uuid.uuid4().hex[:8]}"
+        admin = sa.create_engine(
+            server.replace("postgresql://", "postgresql+psycopg2://"), isolation_level="AUTOCOMMIT"
+        )
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"CREATE DATABASE {name}")
+        url = server.rsplit("/", 1)[0] + f"/{name}"
+    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg2://"))
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            f"CREATE TABLE lakehouse_journal ({OLD_JOURNAL[request.param]}, {OLD_COLUMNS})"
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO lakehouse_journal (dataset, bucket, origin, canonical_id, entity_id, "
+                "id, prop, prop_type, schema, value, external, first_seen, last_seen) VALUES "
+                "('migrated', :bucket, 'default', 'old-1', 'old-1', 'sid-old', 'name', 'name', "
+                "'Person', 'Old Person', false, '2025-01-01T00:00:00', '2025-01-01T00:00:00')"
+            ),
+            {"bucket": bucket_of("old-1")},
+        )
+    engine.dispose()
+    yield url
+    if admin is not None:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.dispose()
+
+
+def test_an_old_journal_gains_provenance_and_keeps_its_rows(  # type: ignore[no-untyped-def]
+    spark, old_journal: str, tmp_path: Path
+) -> None:
+    """Opening a journal made before provenance adds its columns (SQLite and
+    PostgreSQL); its unflushed rows flush with unknown writers, new writes with theirs."""
+    lake = Lakehouse(tmp_path / "lake", journal_url=old_journal, tenant="carol")
+    ds = lake.create_dataset("migrated")
+    assert lake.journal.count("migrated") == 1
+    ds.add_entity({"id": "new-1", "schema": "Person", "properties": {"name": ["New Person"]}})
+    assert ds.flush().new == 3  # the old row, the new entity's name and its id statement
+    (old,) = ds.trace("old-1")
+    assert old["written_by"] is None and old["last_written_by"] is None
+    assert old["value"] == "Old Person"
+    new = ds.trace("new-1")
+    assert new and all(s["written_by"]["tenant"] == "carol" for s in new)
+    assert lake.journal.count("migrated") == 0
+
+
 def test_cli_versions_verify_as_of(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
     from click.testing import CliRunner
 

@@ -99,7 +99,10 @@ class SnapshotReader(DataSourceReader):
             fs, path = arrow_filesystem(file["uri"], self.storage)
             reader = pq.ParquetFile(fs.open_input_file(path))
             value = (file.get("partition_values") or {}).get(self.partition)
-            for batch in reader.iter_batches(batch_size=65_536, columns=stored):
+            # a file written before a column was added reads it as NULL
+            present = set(reader.schema_arrow.names)
+            columns = [c for c in stored if c in present]
+            for batch in reader.iter_batches(batch_size=65_536, columns=columns):
                 if self.buckets is not None:
                     mask = pc.is_in(batch.column("bucket"), pa.array(self.buckets, pa.int32()))
                     batch = batch.filter(mask)
@@ -109,6 +112,8 @@ class SnapshotReader(DataSourceReader):
                 for name in self.columns:
                     if name == self.partition:
                         arrays.append(pa.array([value] * batch.num_rows, type=pa.string()))
+                    elif name not in present:
+                        arrays.append(pa.nulls(batch.num_rows, self.types[name]))
                     else:
                         column = batch.column(name)
                         if column.type != self.types[name]:
