@@ -30,9 +30,47 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Context:
-    def __init__(self, lake: Lakehouse, dataset: str | None) -> None:
-        self.lake = lake
+    """What the commands share: the settings, the lake (opened on first use) and -d."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        dataset: str | None,
+        *,
+        journal_url: str | None = None,
+        tenant: str | None = None,
+    ) -> None:
+        self.settings = settings
         self.dataset_name = dataset
+        self._journal_url = journal_url
+        self._tenant = tenant
+        self._lake: Lakehouse | None = None
+
+    def open_lake(self, *, create: bool = False) -> Lakehouse:
+        """The lake the command line names; a missing local lake is an error unless
+        ``create`` (``datasets create``): a read never creates one."""
+        if self._lake is None:
+            if "lake_uri" not in self.settings.model_fields_set:
+                raise click.UsageError(
+                    "no lake given: pass --lake FOLDER|s3://bucket/prefix, set "
+                    "LAKEHOUSE_LAKE_URI, or put LAKEHOUSE_LAKE_URI=… in ./lakehouse.env"
+                )
+            uri = self.settings.lake_uri
+            if not create and not uri.startswith("s3://"):
+                folder = Path(uri.removeprefix("file://")).expanduser()
+                if not folder.is_dir():
+                    raise click.ClickException(
+                        f"no lake at {folder}: create one with `lakehouse --lake {uri} "
+                        "datasets create NAME`, or point --lake at an existing lake"
+                    )
+            self._lake = Lakehouse(
+                settings=self.settings, journal_url=self._journal_url, tenant=self._tenant
+            )
+        return self._lake
+
+    @property
+    def lake(self) -> Lakehouse:
+        return self.open_lake()
 
     def dataset(self) -> Dataset:
         if not self.dataset_name:
@@ -169,9 +207,10 @@ def cli(
             "an empty lake URI: give a folder or s3://bucket/prefix", param_hint="--lake"
         )
     settings = Settings()
-    ctx.obj = Context(
-        Lakehouse(lake_uri, settings=settings, journal_url=journal_url, tenant=tenant), dataset
-    )
+    if lake_uri is not None:
+        settings = settings.model_copy(update={"lake_uri": lake_uri})
+        settings.model_fields_set.add("lake_uri")
+    ctx.obj = Context(settings, dataset, journal_url=journal_url, tenant=tenant)
 
 
 # --- datasets ---------------------------------------------------------------
@@ -197,7 +236,7 @@ def datasets_list(obj: Context) -> None:
 @pass_ctx
 def datasets_create(obj: Context, name: str, title: str | None, summary: str | None) -> None:
     """Create a dataset (idempotent)."""
-    ds = obj.lake.create_dataset(name, title=title, summary=summary)
+    ds = obj.open_lake(create=True).create_dataset(name, title=title, summary=summary)
     click.echo(f"created {ds.name} in {obj.lake.store.uri}", err=True)
 
 
@@ -1082,7 +1121,7 @@ def spark_start(obj: Context, port: int | None) -> None:
     """
     from lakehouse_assets.spark import connect
 
-    click.echo(_server_line(connect.start(obj.lake.settings, port)))
+    click.echo(_server_line(connect.start(obj.settings, port)))
 
 
 @spark_group.command("stop")
@@ -1092,7 +1131,7 @@ def spark_stop(obj: Context, port: int | None) -> None:
     """Stop the local server by its PID (SIGTERM, then SIGKILL after 30 s)."""
     from lakehouse_assets.spark import connect
 
-    info = connect.stop(obj.lake.settings, port)
+    info = connect.stop(obj.settings, port)
     click.echo(f"Spark Connect server on port {info.port}: {info.note}")
 
 
@@ -1103,7 +1142,7 @@ def spark_status(obj: Context, port: int | None) -> None:
     """Say whether the local server runs (exit 1 if not); a stale PID file is removed."""
     from lakehouse_assets.spark import connect
 
-    info = connect.status(obj.lake.settings, port)
+    info = connect.status(obj.settings, port)
     click.echo(_server_line(info))
     if not info.running:
         sys.exit(1)

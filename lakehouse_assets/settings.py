@@ -16,7 +16,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     """Lakehouse settings; each may be set as ``LAKEHOUSE_<NAME>``."""
 
-    model_config = SettingsConfigDict(env_prefix="LAKEHOUSE_", extra="ignore")
+    #: ``./lakehouse.env`` (``LAKEHOUSE_LAKE_URI=…`` lines) names the lake of a working
+    #: folder; the environment overrides it.
+    model_config = SettingsConfigDict(
+        env_prefix="LAKEHOUSE_", extra="ignore", env_file="lakehouse.env"
+    )
 
     lake_uri: str = Field(
         default="./lake",

@@ -240,6 +240,40 @@ def test_installed_entry_point(tmp_path: Path) -> None:
     assert (tmp_path / "lake" / "journal.sqlite").exists()  # the durable default
 
 
+def test_the_lake_must_be_named_and_a_read_never_creates_it(tmp_path: Path) -> None:
+    """No --lake, LAKEHOUSE_LAKE_URI or ./lakehouse.env: a usage error (exit 2); a lake
+    folder that does not exist: exit 1 and still no folder; only `datasets create`
+    makes one. ./lakehouse.env names the lake of a working folder."""
+    import os
+
+    exe = str(Path(sys.executable).parent / "lakehouse")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE_")}
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def lakehouse(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [exe, *args], capture_output=True, text=True, cwd=work, env=env, timeout=120
+        )
+
+    res = lakehouse("datasets", "list")
+    assert res.returncode == 2 and "no lake given" in res.stderr
+    assert list(work.iterdir()) == []  # no ./lake appeared
+    missing = tmp_path / "missing"
+    for args in (["datasets", "list"], ["-d", "x", "get", "e1"], ["-d", "x", "versions"]):
+        res = lakehouse("--lake", str(missing), *args)
+        assert res.returncode == 1, res.stderr
+        assert res.stderr.count("\n") == 1 and f"no lake at {missing}" in res.stderr
+        assert not missing.exists()
+    assert lakehouse("--lake", str(missing), "datasets", "create", "made").returncode == 0
+    (work / "lakehouse.env").write_text(f"LAKEHOUSE_LAKE_URI={missing}\n")
+    res = lakehouse("datasets", "list")
+    assert res.returncode == 0 and res.stdout.split() == ["made"]
+    # the environment overrides the file
+    env["LAKEHOUSE_LAKE_URI"] = str(tmp_path / "other")
+    assert lakehouse("datasets", "list").returncode == 1
+
+
 def test_every_option_has_help_and_the_cli_has_a_version() -> None:
     import click
 
