@@ -316,7 +316,8 @@ def optimize(
     version younger than the retention period (default:
     ``LAKEHOUSE_VACUUM_RETENTION_HOURS``) are deleted, including files of runs
     that crashed before their commit: a reader that started within the
-    retention period keeps its files. Sets ``statements/store_optimized``.
+    retention period keeps its files; the graph index's tables are vacuumed
+    the same way. Sets ``statements/store_optimized``.
     Row content never changes.
     """
     clock = time.monotonic()
@@ -399,6 +400,15 @@ def optimize(
                         current,
                     )
                     continue
+                vacuumed += _vacuum_table(location, timedelta(hours=hours))
+            # the graph index's tables: a rebuild or a tombstone fold replaces
+            # their files; lookups read the files graph/state.json lists, which
+            # are always the latest (written under this same dataset lock)
+            for table in (cv.GRAPH_BY_SOURCE, cv.GRAPH_BY_TARGET, cv.GRAPH_TOMBSTONES):
+                location = DeltaLocation(
+                    ds.store.full_uri(cv.dataset_path(ds.name, table)),
+                    ds.store.storage_options(),
+                )
                 vacuumed += _vacuum_table(location, timedelta(hours=hours))
         ds.core_tags.touch(cv.STATEMENTS_OPTIMIZED)
     return OptimizeResult(removed, added, vacuumed, time.monotonic() - clock)

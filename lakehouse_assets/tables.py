@@ -23,6 +23,7 @@ new statements without its tombstones, say).
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from deltalake import DeltaTable
 from pyarrow import fs as pafs
 
 from lakehouse_assets.delta import PUBLISHED_APP_ID, DeltaLocation
+
+log = logging.getLogger(__name__)
 
 #: followthemoney's statement fields (its ``Statement`` model).
 STATEMENT_FIELDS: tuple[str, ...] = (
@@ -287,8 +290,8 @@ def point_lookup(
     if all("://" not in f.uri or f.uri.startswith("file://") for f in files):
         try:
             return _duckdb_lookup(files, schema, where, names, partition)
-        except Exception:  # noqa: BLE001 - a file DuckDB cannot read: pyarrow can
-            pass
+        except Exception as exc:  # noqa: BLE001 - e.g. a column no file has yet
+            log.debug("point lookup by DuckDB failed (%s); reading with pyarrow", exc)
     expression: pc.Expression | None = None
     for column, values in where.items():
         term = pc.field(column).isin(list(values))

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, graph
 from lakehouse_assets.errors import InvalidNameError
 from lakehouse_assets.lake import Dataset, Lakehouse
@@ -94,6 +95,35 @@ def test_index_follows_writes_deletes_and_compact(spark, lake: Lakehouse) -> Non
     rebuilt = graph.rebuild(ds)
     assert rebuilt.dangling == 1 and graph.status(ds)["tombstones"] == 0
     assert_current(ds)
+    # optimize --vacuum removes the files rebuilds and updates replaced in the graph
+    # tables too; lookups go on reading the files the index lists
+    stored = {t: parquet_files(ds, t) for t in (cv.GRAPH_BY_SOURCE, cv.GRAPH_BY_TARGET)}
+    assert all(files > listed_files(ds, t) for t, files in stored.items())
+    assert ds.optimize(vacuum=True, retention_hours=0).vacuumed > 0
+    for table in (cv.GRAPH_BY_SOURCE, cv.GRAPH_BY_TARGET, cv.GRAPH_TOMBSTONES):
+        assert parquet_files(ds, table) == listed_files(ds, table)
+    assert graph.update(ds).added == 0  # optimize moved rows, changed none
+    assert_current(ds)
+
+
+def listed_files(ds: Dataset, table: str) -> set[str]:
+    """The data files a graph table's Delta log lists."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    uri = ds.store.full_uri(cv.dataset_path(ds.name, table))
+    dt = DeltaTable(uri, storage_options=ds.store.storage_options())
+    return set(pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist())
+
+
+def parquet_files(ds: Dataset, table: str) -> set[str]:
+    """Data files stored under a graph table's folder (relative to it), listed or not."""
+    prefix = cv.dataset_path(ds.name, table) + "/"
+    return {
+        p.removeprefix(prefix)
+        for p in ds.store.list(prefix)
+        if p.endswith(".parquet") and "/_delta_log/" not in p
+    }
 
 
 def test_refs_lookups(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
