@@ -8,7 +8,8 @@ the rebuild of both directions; "who points at X" for 200 random targets
 (median, p95) before and after ``optimize``-style folding (a rebuild); the
 same question answered by a full scan of the statements table (pyarrow, the
 way a reader without the index must); an incremental update after a flush
-of 1% new entities, against the rebuild. Numbers only; nothing is asserted.
+of 1% new entities, against the rebuild; graph.cypher against followthemoney's
+``ftm export-cypher`` on the same entities. Numbers only; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -127,7 +128,39 @@ def main() -> None:
         f"who points at X after the update (before a rebuild): {lookup_times(ds, targets)}",
         flush=True,
     )
+    cypher_times(ds)
     print(f"lake: {lake.store.uri}")
+
+
+def cypher_times(ds: Any) -> None:
+    """graph.cypher (batched) against followthemoney's ``ftm export-cypher`` on the
+    same entities.ftm.json, each written to a file; one run each."""
+    import os
+    import subprocess
+    import sys
+
+    from lakehouse_assets import conventions as cv
+    from lakehouse_assets.graph_exports import write_cypher
+
+    ds.export(["entities"])
+    source = Path(ds.store.full_uri(cv.dataset_path(ds.name, cv.ENTITIES_JSON)))
+    with tempfile.TemporaryDirectory() as tmp:
+        clock = time.monotonic()
+        with open(os.path.join(tmp, "ours.cypher"), "w") as out:
+            counts = write_cypher(ds, out)
+        ours = time.monotonic() - clock
+        ftm = str(Path(sys.executable).parent / "ftm")
+        clock = time.monotonic()
+        subprocess.run(
+            [ftm, "export-cypher", "-i", str(source), "-o", os.path.join(tmp, "ftm.cypher")],
+            check=True,
+        )
+        theirs = time.monotonic() - clock
+    print(
+        f"graph.cypher of {counts['entities']:,} entities: {ours:.1f} s; "
+        f"ftm export-cypher: {theirs:.1f} s ({theirs / ours:.1f}x)",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

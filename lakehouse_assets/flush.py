@@ -83,9 +83,18 @@ log = logging.getLogger(__name__)
 class FlushResult:
     """What a flush did (the spec's return value is ``new``)."""
 
+    #: statements stored for the first time
     new: int = 0
+    #: statements written again (already stored): their seen range widened
     duplicates: int = 0
+    #: stored statements deleted
     tombstones: int = 0
+    #: events folded into a later event of the same statement in the same flush
+    #: (a statement written twice, or written then deleted, before one flush)
+    superseded: int = 0
+    #: deletes of statements that were never stored (nothing to mark)
+    ignored_tombstones: int = 0
+    #: journal rows read: new + duplicates + tombstones + superseded + ignored_tombstones
     journal_rows: int = 0
     batches: int = 0
     statements_version: int | None = None
@@ -103,6 +112,8 @@ class FlushResult:
             "new": self.new,
             "duplicates": self.duplicates,
             "tombstones": self.tombstones,
+            "superseded": self.superseded,
+            "ignored_tombstones": self.ignored_tombstones,
             "journal_rows": self.journal_rows,
             "batches": self.batches,
             "statements_version": self.statements_version,
@@ -429,11 +440,11 @@ def _flush_batch(
         *PROVENANCE_FIELDS,
         "in_main",
     )
-    counts = updates.agg(
-        F.count(F.when(F.col("deleted_at").isNotNull(), 1)).alias("tombstones"),
-        F.count(F.when(F.col("in_main").isNotNull() & F.col("deleted_at").isNull(), 1)).alias(
-            "duplicates"
-        ),
+    stored, deleted = F.col("in_main").isNotNull(), F.col("deleted_at").isNotNull()
+    counts = keyed.agg(
+        F.count(F.when(stored & deleted, 1)).alias("tombstones"),
+        F.count(F.when(stored & ~deleted, 1)).alias("duplicates"),
+        F.count(F.when(~stored & deleted, 1)).alias("ignored_tombstones"),
     ).collect()[0]
     step("counted duplicates/tombstones")
     version = rewrite_translog(
@@ -452,6 +463,8 @@ def _flush_batch(
         result.translog_version = version
     result.tombstones += int(counts["tombstones"])
     result.duplicates += int(counts["duplicates"])
+    result.ignored_tombstones += int(counts["ignored_tombstones"])
+    result.superseded += journal_rows - statements
     keyed.unpersist()
     faults.point("flush.after_translog_commit")
     result.journal_rows += journal_rows

@@ -73,6 +73,11 @@ def test_flush_new_duplicate_and_tombstone(spark, lake: Lakehouse) -> None:  # t
     assert second.new == 0
     assert second.tombstones == removed
     assert second.duplicates == again - removed
+    # the person's statements were written, then deleted before this flush: each
+    # write is superseded by its delete, and every journal row is counted once
+    assert second.superseded == removed and second.ignored_tombstones == 0
+    parts = ("new", "duplicates", "tombstones", "superseded", "ignored_tombstones")
+    assert sum(getattr(second, p) for p in parts) == second.journal_rows == again + removed
     assert len(table_rows(ds)) == written
     log = {(r["origin"], r["id"]): r for r in table_rows(ds, "translog")}
     dead = [r for r in log.values() if r["deleted_at"] is not None]
@@ -86,6 +91,15 @@ def test_flush_new_duplicate_and_tombstone(spark, lake: Lakehouse) -> None:  # t
     assert third.new == 0 and third.journal_rows == 0
     assert tags.get(cv.STATEMENTS_LAST_UPDATED) == before
     assert tags.get(cv.JOURNAL_LAST_FLUSHED) > flushed_before  # type: ignore[operator]
+
+    # written and deleted before its first flush: nothing stored, the delete ignored
+    passing = {"id": "passing", "schema": "Person", "properties": {"name": ["Brief"]}}
+    brief = ds.add_entity(passing)
+    assert ds.delete_entity("passing") == brief
+    fourth = ds.flush()
+    assert (fourth.new, fourth.tombstones, fourth.duplicates) == (0, 0, 0)
+    assert fourth.superseded == fourth.ignored_tombstones == brief
+    assert fourth.journal_rows == 2 * brief and ds.get_entity("passing") is None
 
     # deleted statements are gone from reads
     assert ds.get_entity(str(person["id"])) is None

@@ -105,6 +105,8 @@ def flush_tables(
         "new_statements": result.new,
         "duplicate_statements": result.duplicates,
         "tombstoned_statements": result.tombstones,
+        "superseded_events": result.superseded,
+        "ignored_tombstones": result.ignored_tombstones,
         "journal_rows_flushed": result.journal_rows,
         "duration_seconds": round(result.seconds, 3),
     }

@@ -61,6 +61,9 @@ def summary(result: dg.ExecuteInProcessResult) -> list[str]:
             ("new", "new_statements"),
             ("duplicates", "duplicate_statements"),
             ("tombstones", "tombstoned_statements"),
+            ("superseded in the batch", "superseded_events"),
+            ("deletes of unstored", "ignored_tombstones"),
+            ("of journal rows", "journal_rows_flushed"),
             ("delta version", "delta_version"),
             ("bytes", "size_bytes"),
         ):
