@@ -35,6 +35,7 @@ ui: install java
 # the suite with Spark Connect (a server per test worker), then the data-plane
 # group again with an in-process Spark (one process cannot mix the two)
 test: install java
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH dg check defs
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 	LAKEHOUSE_TEST_SPARK=inprocess $(PY) -m pytest -n 2 --dist loadfile -m spark_modes $(PYTEST_ARGS)
 

@@ -191,6 +191,13 @@ def bulk_input_options(help: str) -> Callable[[F], F]:
 )
 @click.option("--dataset", "-d", "dataset", help="Dataset name.")
 @click.option("--debug", is_flag=True, help="Show the full traceback of an error.")
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="-v: the lakehouse's own log (step timings) and Spark's JVM output on stderr; "
+    "-vv: debug logs. Progress lines are shown either way.",
+)
 @click.version_option(package_name="lakehouse_assets", prog_name="lakehouse")
 @click.pass_context
 def cli(
@@ -200,13 +207,19 @@ def cli(
     tenant: str | None,
     dataset: str | None,
     debug: bool,
+    verbose: int,
 ) -> None:
     """An FtM data lakehouse: archive, journal, Delta statements, exports."""
     if lake_uri is not None and not lake_uri.strip():
         raise click.BadParameter(
             "an empty lake URI: give a folder or s3://bucket/prefix", param_hint="--lake"
         )
+    from lakehouse_assets import progress
+
+    progress.configure(verbose)
     settings = Settings()
+    if verbose:
+        settings = settings.model_copy(update={"spark_console": True})
     if lake_uri is not None:
         settings = settings.model_copy(update={"lake_uri": lake_uri})
         settings.model_fields_set.add("lake_uri")
@@ -224,7 +237,12 @@ def datasets() -> None:
 @datasets.command("list")
 @pass_ctx
 def datasets_list(obj: Context) -> None:
-    """Print the datasets of the lake, one per line."""
+    """Print the datasets of the lake, one per line.
+
+    \b
+    Example:
+      lakehouse --lake ./lake datasets list
+    """
     for name in obj.lake.datasets():
         click.echo(name)
 
@@ -235,7 +253,12 @@ def datasets_list(obj: Context) -> None:
 @click.option("--summary", help="One-paragraph summary.")
 @pass_ctx
 def datasets_create(obj: Context, name: str, title: str | None, summary: str | None) -> None:
-    """Create a dataset (idempotent)."""
+    """Create a dataset (idempotent).
+
+    \b
+    Example:
+      lakehouse --lake ./lake datasets create my_dataset --title "My dataset"
+    """
     ds = obj.open_lake(create=True).create_dataset(name, title=title, summary=summary)
     click.echo(f"created {ds.name} in {obj.lake.store.uri}", err=True)
 
@@ -267,7 +290,13 @@ def archive_add(
     document: bool,
     follow_symlinks: bool,
 ) -> None:
-    """Archive files from paths or file://, s3://, http(s):// URIs."""
+    """Archive files from paths or file://, s3://, http(s):// URIs.
+
+    \b
+    Example:
+      lakehouse -d my_dataset archive add report.pdf --document
+      lakehouse -d my_dataset archive add s3://bucket/leak/ https://example.org/a.csv
+    """
     ds = obj.dataset()
     if (checksum or file_id) and len(uris) > 1:
         raise click.UsageError("--checksum and --file-id apply to a single file")
@@ -300,7 +329,12 @@ def archive_get(obj: Context, checksum: str) -> None:
 @click.argument("checksum")
 @pass_ctx
 def archive_cat(obj: Context, checksum: str) -> None:
-    """Stream a file's content to stdout (CHECKSUM: the SHA-256 or a unique prefix)."""
+    """Stream a file's content to stdout (CHECKSUM: the SHA-256 or a unique prefix).
+
+    \b
+    Example:
+      lakehouse -d my_dataset archive cat 5f1c0a2b9e3d > report.pdf   (a unique prefix will do)
+    """
     archive = obj.dataset().archive
     with archive.open(archive.resolve(checksum)) as fh:
         shutil.copyfileobj(fh, sys.stdout.buffer, 1024 * 1024)
@@ -309,7 +343,12 @@ def archive_cat(obj: Context, checksum: str) -> None:
 @archive.command("ls")
 @pass_ctx
 def archive_ls(obj: Context) -> None:
-    """List file metadata as JSON lines."""
+    """List file metadata as JSON lines.
+
+    \b
+    Example:
+      lakehouse -d my_dataset archive ls
+    """
     for meta in obj.dataset().archive.list():
         click.echo(meta.model_dump_json())
 
@@ -319,8 +358,14 @@ def archive_ls(obj: Context) -> None:
 @click.option("--checksum", help="The blob's checksum (faster lookup).")
 @pass_ctx
 def archive_delete(obj: Context, file_id: str, checksum: str | None) -> None:
-    """Delete one metadata entry (the blob stays)."""
-    meta = obj.dataset().archive.delete(file_id, checksum=checksum)
+    """Delete one metadata entry (the blob stays).
+
+    \b
+    Example:
+      lakehouse -d my_dataset archive delete report.pdf
+    """
+    archive = obj.dataset().archive
+    meta = archive.delete(file_id, checksum=archive.resolve(checksum) if checksum else None)
     click.echo(f"deleted {meta.file_id} ({meta.key})", err=True)
 
 
@@ -336,7 +381,13 @@ def entities() -> None:
 @bulk_input_options("FtM JSON lines file or - for stdin.")
 @pass_ctx
 def entities_write(obj: Context, path: str, origin: str) -> None:
-    """Validate and write FtM entities (one JSON object per line); all or nothing."""
+    """Validate and write FtM entities (one JSON object per line); all or nothing.
+
+    \b
+    Example:
+      lakehouse -d my_dataset entities write -i entities.ftm.json --origin crawl
+      cat entities.ftm.json | lakehouse -d my_dataset entities write -i -
+    """
     ds = obj.dataset()
     with (
         _input(path) as (fh, source),
@@ -355,7 +406,12 @@ def entities_write(obj: Context, path: str, origin: str) -> None:
 @click.option("--origin", "-o", default=None, help="Only statements of this origin.")
 @pass_ctx
 def entities_delete(obj: Context, entity_ids: tuple[str, ...], origin: str | None) -> None:
-    """Tombstone all statements of entities."""
+    """Tombstone all statements of entities.
+
+    \b
+    Example:
+      lakehouse -d my_dataset entities delete own-omar-acme --origin crawl
+    """
     ds = obj.dataset()
     for entity_id in entity_ids:
         n = ds.delete_entity(entity_id, origin=origin)
@@ -371,7 +427,12 @@ def statements() -> None:
 @bulk_input_options("Statement CSV file or - for stdin.")
 @pass_ctx
 def statements_write(obj: Context, path: str, origin: str) -> None:
-    """Validate and write statements (followthemoney CSV); all or nothing."""
+    """Validate and write statements (followthemoney CSV); all or nothing.
+
+    \b
+    Example:
+      lakehouse -d my_dataset statements write -i statements.csv
+    """
     ds = obj.dataset()
     with (
         _input(path) as (fh, source),
@@ -405,7 +466,12 @@ def tags() -> None:
 )
 @pass_ctx
 def tags_ls(obj: Context, tenant: str) -> None:
-    """Print a tenant's tags as ``key<TAB>timestamp``."""
+    """Print a tenant's tags as ``key<TAB>timestamp``.
+
+    \b
+    Example:
+      lakehouse -d my_dataset tags ls --tenant my_app
+    """
     for key, ts in obj.dataset().tags(tenant).items():
         click.echo(f"{key}\t{ts.isoformat()}")
 
@@ -423,6 +489,11 @@ def unlock_cmd(obj: Context, operation: str | None) -> None:
 
     Refuses while the holder is alive on this host. The lock's generation
     moves on, so a holder still running elsewhere can no longer commit.
+
+    \b
+    Example:
+      lakehouse -d my_dataset unlock                  (the dataset's .LOCK)
+      lakehouse -d my_dataset unlock --operation export
     """
     ds = obj.dataset()
     lock = ds.operation_lock(operation) if operation else ds.lock()
@@ -431,15 +502,17 @@ def unlock_cmd(obj: Context, operation: str | None) -> None:
 
 @cli.command("jobs")
 @click.argument("job_type", required=False)
+@click.option("--json", "as_json", is_flag=True, help="JSON lines (the whole records).")
 @pass_ctx
-def jobs_ls(obj: Context, job_type: str | None) -> None:
+def jobs_ls(obj: Context, job_type: str | None, as_json: bool) -> None:
     """Without JOB_TYPE: the job types with recorded runs and their counts.
-    With it: its recorded runs as JSON lines (oldest first).
+    With it: its recorded runs, oldest first: state, start, duration, counts.
 
     \b
     Example:
       lakehouse -d my_dataset jobs          # flush  12 runs, last 2026-11-24T01:02:03Z ...
       lakehouse -d my_dataset jobs flush
+      lakehouse -d my_dataset jobs optimize --json | jq .stats
     """
     from lakehouse_assets.jobs import list_runs
 
@@ -452,13 +525,36 @@ def jobs_ls(obj: Context, job_type: str | None) -> None:
         for name in sorted(types):
             runs = list_runs(obj.lake.store, ds.name, name)
             last = max((r.started_at.isoformat(timespec="seconds") for r in runs), default="-")
-            click.echo(f"{name:<12} {len(runs):>5} runs  last {last}")
+            if as_json:
+                _echo_json({"job_type": name, "runs": len(runs), "last_started": last})
+            else:
+                click.echo(f"{name:<12} {len(runs):>5} runs  last {last}")
         return
     runs = list_runs(obj.lake.store, ds.name, job_type)
     if not runs:
         click.echo(f"no {job_type!r} runs recorded in dataset {ds.name!r}", err=True)
+    elif not as_json:
+        click.echo(f"{'state':<10} {'started (UTC)':<20} {'seconds':>8}  {'tenant':<12} counts")
     for run in runs:
-        click.echo(json.dumps(run.model_dump(mode="json")))
+        if as_json:
+            click.echo(json.dumps(run.model_dump(mode="json")))
+            continue
+        seconds = (
+            f"{(run.finished_at - run.started_at).total_seconds():.1f}"
+            if run.finished_at is not None
+            else "-"
+        )
+        counts = ", ".join(
+            f"{k} {v}"
+            for k, v in run.stats.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and v and k != "seconds"
+        )
+        state = run.status if run.error is None else f"{run.status}: {one_line(run.error)[:60]}"
+        click.echo(
+            f"{run.status:<10} {run.started_at.strftime('%Y-%m-%d %H:%M:%S'):<20} "
+            f"{seconds:>8}  {run.tenant:<12} {counts or '-'}"
+            + (f"  ({state})" if run.error else "")
+        )
 
 
 @cli.command("status")
@@ -579,6 +675,11 @@ def crawl_cmd(
 
     Prints the crawl's statistics as JSON; files that failed are listed with
     their reason (and in the job record) and do not stop the crawl.
+
+    \b
+    Example:
+      lakehouse -d my_dataset crawl ./documents --glob '*.pdf'
+      lakehouse -d my_dataset crawl s3://bucket/leak/ --prefix 2024/
     """
     from lakehouse_assets.crawl import crawl
 
@@ -607,10 +708,17 @@ def mapping() -> None:
 @click.argument("mapping_yaml", type=click.Path(exists=True, dir_okay=False))
 @pass_ctx
 def mapping_add(obj: Context, csv_checksum: str, mapping_yaml: str) -> None:
-    """Validate and store MAPPING_YAML for the archived CSV with CSV_CHECKSUM."""
+    """Validate and store MAPPING_YAML for the archived CSV with CSV_CHECKSUM.
+
+    \b
+    Example:
+      lakehouse -d my_dataset mapping add 7dd93923 mapping.yml   (the archived CSV's checksum)
+    """
     from pathlib import Path
 
-    stored = obj.dataset().add_mapping(csv_checksum, Path(mapping_yaml).read_text("utf-8"))
+    ds = obj.dataset()
+    checksum = ds.archive.resolve(csv_checksum)  # a unique prefix will do
+    stored = ds.add_mapping(checksum, Path(mapping_yaml).read_text("utf-8"))
     state = "stored" if stored.changed else "unchanged"
     click.echo(f"{state}: {stored.path} ({stored.queries} queries)", err=True)
 
@@ -618,7 +726,12 @@ def mapping_add(obj: Context, csv_checksum: str, mapping_yaml: str) -> None:
 @mapping.command("ls")
 @pass_ctx
 def mapping_ls(obj: Context) -> None:
-    """The stored mappings as JSON lines."""
+    """The stored mappings as JSON lines.
+
+    \b
+    Example:
+      lakehouse -d my_dataset mapping ls
+    """
     for item in obj.dataset().mappings():
         click.echo(json.dumps(item))
 
@@ -635,9 +748,91 @@ def mapping_ls(obj: Context) -> None:
 )
 @pass_ctx
 def mapping_process(obj: Context, csv_checksum: str, force: bool, engine: str) -> None:
-    """Map the archived CSV into the journal (origin mapping:CSV_CHECKSUM)."""
+    """Map the archived CSV into the journal (origin mapping:CSV_CHECKSUM).
+
+    \b
+    Example:
+      lakehouse -d my_dataset mapping process 7dd93923 --force
+    """
     spark = None if engine == "auto" else engine == "spark"
-    _echo_json(obj.dataset().process_mapping(csv_checksum, force=force, spark=spark).as_dict())
+    ds = obj.dataset()
+    checksum = ds.archive.resolve(csv_checksum)  # a unique prefix will do
+    _echo_json(ds.process_mapping(checksum, force=force, spark=spark).as_dict())
+
+
+JSON_OPTION = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="JSON on stdout even on a terminal (it is JSON whenever stdout is not one).",
+)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return str(n)
+
+
+def _human(data: dict[str, Any]) -> list[str]:
+    """A result as a few lines for a person: counts, what was written, the time."""
+    lines = []
+    written = data.get("written") or {}
+    for kind, done in written.items():
+        if not isinstance(done, dict):
+            continue
+        version = done.get("version") or {}
+        if kind == "index" and version.get("sequence"):
+            lines.append(f"published  version {version['sequence']}  {version.get('hash', '')}")
+        elif kind == "index" and version.get("skipped"):
+            lines.append(f"index.json kept ({version['skipped']})")
+        else:
+            rows = done.get("rows")
+            unit = "statements" if kind == "statements" else "entities"
+            count = f"{rows:>12,} {unit}" if isinstance(rows, int) else ""
+            lines.append(
+                f"written    {done.get('path', kind):<28}{count}  {_size(done.get('size', 0))}"
+            )
+    for kind in data.get("skipped") or []:
+        lines.append(f"fresh      {kind} (kept)")
+    flushed = data.get("flushed")
+    counts = flushed if isinstance(flushed, dict) else data
+    parts = [
+        f"{counts[k]:,} {k.replace('_', ' ')}"
+        for k in (
+            "journal_rows",
+            "new",
+            "duplicates",
+            "tombstones",
+            "superseded",
+            "ignored_tombstones",
+            "live",
+            "removed_translog",
+            "files_removed",
+            "files_added",
+            "vacuumed",
+        )
+        if isinstance(counts.get(k), int)
+    ]
+    if parts:
+        lines.insert(0, ("flushed    " if flushed else "") + ", ".join(parts))
+    if data.get("pending"):
+        lines.append(f"pending    {data['pending']:,} journal rows (another writer held the lock)")
+    if isinstance(data.get("seconds"), int | float):
+        lines.append(f"took       {data['seconds']:.1f} s")
+    return lines
+
+
+def _report(result: Any, as_json: bool = False) -> None:
+    """JSON for scripts (stdout not a terminal, or --json), a short summary for people."""
+    data = result.as_dict()
+    if as_json or not sys.stdout.isatty():
+        _echo_json(data)
+        return
+    for line in _human(data):
+        click.echo(line)
 
 
 @cli.command("flush")
@@ -647,17 +842,29 @@ def mapping_process(obj: Context, csv_checksum: str, force: bool, engine: str) -
     default=None,
     help="Journal rows per batch (at least 1000; default LAKEHOUSE_FLUSH_BATCH_ROWS).",
 )
+@JSON_OPTION
 @pass_ctx
-def flush_cmd(obj: Context, batch_rows: int | None) -> None:
-    """Move the journal into the Delta tables; prints what was done as JSON."""
-    _echo_json(obj.dataset().flush(batch_rows=batch_rows).as_dict())
+def flush_cmd(obj: Context, batch_rows: int | None, as_json: bool) -> None:
+    """Move the journal into the Delta tables; prints what was done (JSON for scripts).
+
+    \b
+    Example:
+      lakehouse -d my_dataset flush
+    """
+    _report(obj.dataset().flush(batch_rows=batch_rows), as_json)
 
 
 @cli.command("compact")
+@JSON_OPTION
 @pass_ctx
-def compact_cmd(obj: Context) -> None:
-    """Apply the translog to the main table (drop deleted rows)."""
-    _echo_json(obj.dataset().compact().as_dict())
+def compact_cmd(obj: Context, as_json: bool) -> None:
+    """Apply the translog to the main table (drop deleted rows).
+
+    \b
+    Example:
+      lakehouse -d my_dataset compact
+    """
+    _report(obj.dataset().compact(), as_json)
 
 
 @cli.command("optimize")
@@ -668,17 +875,19 @@ def compact_cmd(obj: Context) -> None:
     default=None,
     help="vacuum retention (default LAKEHOUSE_VACUUM_RETENTION_HOURS, 168).",
 )
+@JSON_OPTION
 @pass_ctx
-def optimize_cmd(obj: Context, vacuum: bool, retention_hours: int | None) -> None:
-    """Merge small Parquet files (and optionally vacuum)."""
-    _echo_json(obj.dataset().optimize(vacuum=vacuum, retention_hours=retention_hours).as_dict())
+def optimize_cmd(obj: Context, vacuum: bool, retention_hours: int | None, as_json: bool) -> None:
+    """Merge small Parquet files (and optionally vacuum).
+
+    \b
+    Example:
+      lakehouse -d my_dataset optimize --vacuum --retention-hours 168
+    """
+    _report(obj.dataset().optimize(vacuum=vacuum, retention_hours=retention_hours), as_json)
 
 
 EXPORT_KINDS = ("statements", "entities", "statistics", "index")
-
-
-def _report(result: Any) -> None:
-    _echo_json(result.as_dict())
 
 
 AS_OF_HELP = (
@@ -698,9 +907,15 @@ AS_OF_HELP = (
     default="-",
     help="With --as-of: where to write the export (default: stdout).",
 )
+@JSON_OPTION
 @pass_ctx
 def export_cmd(
-    obj: Context, kinds: tuple[str, ...], force: bool, as_of: str | None, output: IO[bytes]
+    obj: Context,
+    kinds: tuple[str, ...],
+    force: bool,
+    as_of: str | None,
+    output: IO[bytes],
+    as_json: bool,
 ) -> None:
     """Write exports (default: all) unless they are fresh.
 
@@ -718,15 +933,21 @@ def export_cmd(
         obj.dataset().export_as_of(as_of, kinds[0], output)
         return
     chosen = list(EXPORT_KINDS) if not kinds or "all" in kinds else list(kinds)
-    _report(obj.dataset().export(chosen, force=force))
+    _report(obj.dataset().export(chosen, force=force), as_json)
 
 
 @cli.command("make")
 @click.option("--force", is_flag=True, help="Re-export even fresh exports.")
+@JSON_OPTION
 @pass_ctx
-def make_cmd(obj: Context, force: bool) -> None:
-    """Flush if needed, then every export that is not fresh."""
-    _report(obj.dataset().make(force=force))
+def make_cmd(obj: Context, force: bool, as_json: bool) -> None:
+    """Flush if needed, then every export that is not fresh.
+
+    \b
+    Example:
+      lakehouse -d my_dataset make
+    """
+    _report(obj.dataset().make(force=force), as_json)
 
 
 @cli.command("get")
@@ -743,7 +964,13 @@ def make_cmd(obj: Context, force: bool) -> None:
 def get_cmd(
     obj: Context, entity_id: str, origin: str | None, flush: bool, as_of: str | None
 ) -> None:
-    """Print one entity as FtM JSON (exit 1 if it does not exist)."""
+    """Print one entity as FtM JSON (exit 1 if it does not exist).
+
+    \b
+    Example:
+      lakehouse -d my_dataset get acme-holding
+      lakehouse -d my_dataset get acme-holding --as-of 1
+    """
     ds = obj.dataset()
     entity = ds.get_entity(entity_id, origin=origin, flush=flush, as_of=as_of)
     if entity is None:
@@ -779,7 +1006,13 @@ def query_cmd(
     flush: bool,
     as_of: str | None,
 ) -> None:
-    """Print matching entities as FtM JSON lines (filters are ftmq queries)."""
+    """Print matching entities as FtM JSON lines (filters are ftmq queries).
+
+    \b
+    Example:
+      lakehouse -d my_dataset query -s Company -p country=de
+      lakehouse -d my_dataset query --id acme-holding --no-flush
+    """
     from ftmq.query import M, P, Query
 
     q: Query | None = None
@@ -804,7 +1037,12 @@ def query_cmd(
 @click.option("--as-of", "as_of", default=None, help=AS_OF_HELP)
 @pass_ctx
 def stream_cmd(obj: Context, as_of: str | None) -> None:
-    """Print the entities of the last entities.ftm.json export (or of a version)."""
+    """Print the entities of the last entities.ftm.json export (or of a version).
+
+    \b
+    Example:
+      lakehouse -d my_dataset stream | jq -r .caption
+    """
     for data in obj.dataset().stream_entities(as_of=as_of):
         _echo_json(data)
 
@@ -1118,6 +1356,10 @@ def spark_start(obj: Context, port: int | None) -> None:
 
     Does nothing if it is already running. Its PID file and log live under
     LAKEHOUSE_CACHE_DIR/spark-connect/PORT/.
+
+    \b
+    Example:
+      lakehouse spark start --port 15002
     """
     from lakehouse_assets.spark import connect
 
@@ -1128,7 +1370,12 @@ def spark_start(obj: Context, port: int | None) -> None:
 @PORT_OPTION
 @pass_ctx
 def spark_stop(obj: Context, port: int | None) -> None:
-    """Stop the local server by its PID (SIGTERM, then SIGKILL after 30 s)."""
+    """Stop the local server by its PID (SIGTERM, then SIGKILL after 30 s).
+
+    \b
+    Example:
+      lakehouse spark stop
+    """
     from lakehouse_assets.spark import connect
 
     info = connect.stop(obj.settings, port)
@@ -1139,7 +1386,12 @@ def spark_stop(obj: Context, port: int | None) -> None:
 @PORT_OPTION
 @pass_ctx
 def spark_status(obj: Context, port: int | None) -> None:
-    """Say whether the local server runs (exit 1 if not); a stale PID file is removed."""
+    """Say whether the local server runs (exit 1 if not); a stale PID file is removed.
+
+    \b
+    Example:
+      lakehouse spark status
+    """
     from lakehouse_assets.spark import connect
 
     info = connect.status(obj.settings, port)

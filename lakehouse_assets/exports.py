@@ -53,7 +53,7 @@ from followthemoney.statement.serialize import CSV_COLUMNS
 from ftmq.model.stats import Collector, DatasetStats
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets import faults, staging
+from lakehouse_assets import faults, progress, staging
 from lakehouse_assets.flush import flush_for_reading
 from lakehouse_assets.query import SORT
 from lakehouse_assets.spark.delta_io import read_snapshot
@@ -484,10 +484,28 @@ def export(
         }
         spark_kinds = frozenset(k for k in kinds if k != INDEX and (force or not is_fresh(ds, k)))
         result.skipped = [k for k in kinds if k != INDEX and k not in spark_kinds]
+        if result.skipped:
+            progress.stage("export %s: fresh, kept: %s", ds.name, ", ".join(result.skipped))
         if spark_kinds:
             snapshot = ds.snapshot()  # pinned after the dependencies were read
             result.snapshot = snapshot.versions
+            progress.stage(
+                "export %s: writing %s (statements v%s, translog v%s), one Spark pass",
+                ds.name,
+                ", ".join(sorted(spark_kinds)),
+                *snapshot.versions,
+            )
             result.written.update(_run_pass(ds, spark_kinds, snapshot))
+            for kind in sorted(spark_kinds):
+                done = result.written[kind]
+                progress.stage(
+                    "export %s: %s written (%s %s, %s bytes)",
+                    ds.name,
+                    done.get("path", kind),
+                    f"{done.get('rows') or 0:,}",
+                    "statements" if kind == STATEMENTS else "entities",
+                    f"{done.get('size', 0):,}",
+                )
             built = stamp(read)
             for kind in spark_kinds:
                 tags.set(EXPORTS[kind][1], built)
@@ -495,6 +513,7 @@ def export(
                 result.written[kind]["snapshot"] = list(snapshot.versions)
         if INDEX in kinds:
             if force or not is_fresh(ds, INDEX) or spark_kinds:
+                progress.stage("export %s: index.json and the version manifest", ds.name)
                 statistics = tags.get(cv.EXPORTS_STATISTICS)
                 # the version describes what this pass exported (or, when every
                 # export was fresh, the latest snapshot, which they render)
@@ -539,7 +558,15 @@ def make(ds: Dataset, force: bool = False) -> ExportResult:
 
     result = export(ds, [STATEMENTS, ENTITIES, STATISTICS, INDEX], force)
     if graph.GraphState.load(ds) is not None:
+        progress.stage("make %s: updating the graph index", ds.name)
         result.graph = graph.update(ds).as_dict()
+    version = (result.written.get(INDEX) or {}).get("version") or {}
+    progress.stage(
+        "make %s: done in %.1f s%s",
+        ds.name,
+        result.seconds,
+        f"; published version {version['sequence']}" if version.get("sequence") else "",
+    )
     return result
 
 

@@ -54,7 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets import faults, staging
+from lakehouse_assets import faults, progress, staging
 from lakehouse_assets.delta import commit, remove_action
 from lakehouse_assets.errors import LockedError
 from lakehouse_assets.journal import Claim
@@ -501,10 +501,29 @@ def flush(ds: Dataset, *, batch_rows: int | None = None, wait: float | None = No
             result.cleaned["spark_scratch"] = scratch_cleanup()
             rows = batch_rows or ds.settings.flush_batch_rows
             counts = dict(buckets)
+            batches = plan_batches(buckets, rows)
+            progress.stage(
+                "flush %s: %s journal rows in %d batch(es)",
+                ds.name,
+                f"{sum(counts.values()):,}",
+                len(batches),
+            )
             with staging.area(ds, "flush", flush_id) as area:
-                for batch in plan_batches(buckets, rows):
+                for number, batch in enumerate(batches, 1):
                     sized = [(b, counts[b]) for b in batch]
                     _flush_batch(spark, ds, sized, claim, lock.fence(), result, area)
+                    progress.stage(
+                        "flush %s: batch %d/%d done (buckets %d-%d); so far %s new, "
+                        "%s duplicates, %s tombstones",
+                        ds.name,
+                        number,
+                        len(batches),
+                        batch[0],
+                        batch[-1],
+                        f"{result.new:,}",
+                        f"{result.duplicates:,}",
+                        f"{result.tombstones:,}",
+                    )
                     faults.point("flush.after_batch")
             # the claimed rows are in both tables: release them all at once (one
             # SQLite truncate when nothing else waits; a killed flush re-does
@@ -517,6 +536,8 @@ def flush(ds: Dataset, *, batch_rows: int | None = None, wait: float | None = No
             ds.core_tags.touch(cv.STATEMENTS_LAST_UPDATED)
         result.seconds = time.monotonic() - clock
         job.run.stats = result.as_dict()
+    if result.journal_rows:
+        progress.stage("flush %s: done in %.1f s", ds.name, result.seconds)
     return result
 
 

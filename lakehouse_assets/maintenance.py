@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets import faults, staging
+from lakehouse_assets import faults, progress, staging
 from lakehouse_assets.delta import DeltaLocation, commit, remove_action
 from lakehouse_assets.exports import live_frame
 from lakehouse_assets.locks import Fence
@@ -67,6 +67,22 @@ class CompactResult:
 
 
 def compact(ds: Dataset, *, wait: float | None = None) -> CompactResult:
+    """Compact (:func:`_compact`), leaving a job record (``jobs/runs/compact/``)."""
+    with ds.job("compact") as job:
+        progress.stage("compact %s: rewriting the live statements (Spark)", ds.name)
+        result = _compact(ds, wait=wait)
+        job.run.stats = result.as_dict()
+    progress.stage(
+        "compact %s: done in %.1f s: %s live statements, %s deleted rows dropped",
+        ds.name,
+        result.seconds,
+        f"{result.live:,}",
+        f"{result.removed_translog:,}",
+    )
+    return result
+
+
+def _compact(ds: Dataset, *, wait: float | None = None) -> CompactResult:
     """Rewrite the main table with live rows only, seen range from the translog.
 
     The spec's order matters for crash safety: the main table is rewritten
@@ -302,6 +318,38 @@ def _vacuum_table(location: DeltaLocation, retention: timedelta) -> int:
 
 
 def optimize(
+    ds: Dataset,
+    *,
+    vacuum: bool = False,
+    retention_hours: int | None = None,
+    target_size: int | None = None,
+    wait: float | None = None,
+) -> OptimizeResult:
+    """Optimize (:func:`_optimize`), leaving a job record (``jobs/runs/optimize/``)."""
+    with ds.job("optimize") as job:
+        progress.stage(
+            "optimize %s: merging small files (Spark)%s", ds.name, vacuum and ", then vacuum" or ""
+        )
+        result = _optimize(
+            ds,
+            vacuum=vacuum,
+            retention_hours=retention_hours,
+            target_size=target_size,
+            wait=wait,
+        )
+        job.run.stats = result.as_dict()
+    progress.stage(
+        "optimize %s: done in %.1f s: %d files merged into %d, %d vacuumed",
+        ds.name,
+        result.seconds,
+        result.files_removed,
+        result.files_added,
+        result.vacuumed,
+    )
+    return result
+
+
+def _optimize(
     ds: Dataset,
     *,
     vacuum: bool = False,

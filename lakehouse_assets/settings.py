@@ -44,6 +44,12 @@ class Settings(BaseSettings):
         description="http(s) base URL where the lake is published; resource links in "
         "index.json use it (they carry lake-relative paths either way).",
     )
+    spark_console: bool = Field(
+        default=False,
+        description="Let an in-process Spark's JVM write to this process's stderr (its "
+        "start-up warnings); otherwise it writes to {cache_dir}/spark-driver.log. "
+        "The CLI's -v sets it.",
+    )
     tenant: str = Field(
         default="lakehouse",
         description="The tenant this process acts as (namespaces its tags and locks).",

@@ -264,6 +264,11 @@ def read_files(
     return dataset.to_table(columns=list(columns or schema.names), filter=filter)
 
 
+#: Up to this many looked-up values a lookup goes to DuckDB: it binds an IN list of
+#: thousands slowly (a diff's batches of entities), where pyarrow's scan is better.
+POINT_VALUES = 256
+
+
 def point_lookup(
     files: Sequence[DataFile],
     schema: pa.Schema,
@@ -287,7 +292,8 @@ def point_lookup(
     names = list(columns or schema.names)
     if not files or not where or any(not values for values in where.values()):
         return schema.empty_table().select(names)
-    if all("://" not in f.uri or f.uri.startswith("file://") for f in files):
+    few = sum(len(values) for values in where.values()) <= POINT_VALUES
+    if few and all("://" not in f.uri or f.uri.startswith("file://") for f in files):
         try:
             return _duckdb_lookup(files, schema, where, names, partition)
         except Exception as exc:  # noqa: BLE001 - e.g. a column no file has yet

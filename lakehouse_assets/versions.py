@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import IO, TYPE_CHECKING, Any, BinaryIO, Final, cast
 
+import duckdb
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -786,25 +787,35 @@ def changed_translog_rows(
     new_files = {f.path: f for f in new.translog.files}
     added = [f for p, f in new_files.items() if p not in old_files]
     removed = [f for p, f in old_files.items() if p not in new_files]
+    new_side = arrow_dataset(added, TRANSLOG_SCHEMA, options)  # noqa: F841 (DuckDB reads it)
+    old_side = arrow_dataset(removed, TRANSLOG_SCHEMA, options)  # noqa: F841
+    # timestamps compared with NULL as '' (a live row, deleted_at NULL, equals itself);
+    # DuckDB's parallel hash join: pyarrow's took 21 s of a 10M-row diff, this ~3 s
     cols = ["origin", "id", "bucket", "deleted_at", "first_seen", "last_seen"]
-    new_rows = _no_nulls(arrow_dataset(added, TRANSLOG_SCHEMA, options).to_table(columns=cols))
-    old_rows = _no_nulls(arrow_dataset(removed, TRANSLOG_SCHEMA, options).to_table(columns=cols))
-    key = ["origin", "id", "bucket", "deleted_at", "first_seen", "last_seen"]
-    same = new_rows.join(old_rows, keys=key, join_type="inner").select(["origin", "id"])
-    if same.num_rows:
-        new_rows = new_rows.join(same, keys=["origin", "id"], join_type="left anti")
-        old_rows = old_rows.join(same, keys=["origin", "id"], join_type="left anti")
-    return new_rows, old_rows
+    times = ("deleted_at", "first_seen", "last_seen")
 
+    def side(name: str, alias: str) -> str:
+        fields = ", ".join(f"coalesce({c}, '') AS {c}" if c in times else c for c in cols)
+        return f"{alias} AS (SELECT {fields} FROM {name})"
 
-def _no_nulls(table: pa.Table) -> pa.Table:
-    """Null timestamps as empty strings: a join never matches null keys, and a live
-    row (``deleted_at`` null) must match itself."""
-    for i, name in enumerate(table.column_names):
-        if name in ("deleted_at", "first_seen", "last_seen"):
-            column = pc.fill_null(table.column(i).cast(pa.string()), "")
-            table = table.set_column(i, name, column)
-    return table
+    differs = " OR ".join(f"n.{c} <> o.{c}" for c in cols if c not in ("origin", "id"))
+    picked = ", ".join([*(f"n.{c} AS n_{c}" for c in cols), *(f"o.{c} AS o_{c}" for c in cols)])
+    con = duckdb.connect(config={"threads": 2})
+    try:
+        changed = con.execute(
+            f"WITH {side('new_side', 'n')}, {side('old_side', 'o')} "
+            f"SELECT {picked} FROM n FULL OUTER JOIN o ON n.origin = o.origin AND n.id = o.id "
+            f"WHERE n.id IS NULL OR o.id IS NULL OR {differs}"
+        ).to_arrow_table()
+    finally:
+        con.close()
+    schema = pa.schema([pa.field(c, TRANSLOG_SCHEMA.field(c).type) for c in cols])
+
+    def rows(prefix: str) -> pa.Table:
+        present = changed.filter(pc.is_valid(changed.column(f"{prefix}_id")))
+        return pa.table([present.column(f"{prefix}_{c}") for c in cols], names=cols).cast(schema)
+
+    return rows("n"), rows("o")
 
 
 def _canonical_ids(ds: Dataset, snapshot: DatasetSnapshot | None, rows: pa.Table) -> set[str]:
@@ -845,9 +856,15 @@ def _normal(entity: Mapping[str, Any]) -> dict[str, Any]:
 def entity_changes(
     ds: Dataset, old: DatasetSnapshot | None, new: DatasetSnapshot
 ) -> Iterator[dict[str, Any]]:
-    """``{"op": ADD|MOD|DEL, "entity": ...}`` for every entity that differs, by id."""
+    """``{"op": ADD|MOD|DEL, "entity": ...}`` for every entity that differs, in (flush
+    bucket, id) order: a batch of entities then spans few buckets, so building it
+    reads only the files of those buckets (in id order every batch read the whole
+    table: 34 s of a 10M-statement diff)."""
+    from lakehouse_assets.journal import bucket_of
+
     new_rows, old_rows = changed_translog_rows(ds, old, new)
-    ids = sorted(_canonical_ids(ds, new, new_rows) | _canonical_ids(ds, old, old_rows))
+    found = _canonical_ids(ds, new, new_rows) | _canonical_ids(ds, old, old_rows)
+    ids = sorted(found, key=lambda i: (bucket_of(i), i))
     for start in range(0, len(ids), 5000):
         batch = ids[start : start + 5000]
         before = _entities(ds, old, batch)
@@ -865,7 +882,8 @@ def entity_changes(
 def render_diff(
     ds: Dataset, old: DatasetSnapshot | None, new: DatasetSnapshot
 ) -> tuple[bytes, dict[str, int]]:
-    """The delta file between two snapshots (JSON lines by entity id) and its counts."""
+    """The delta file between two snapshots (JSON lines, one per changed entity) and its
+    counts."""
     counts = {"ADD": 0, "MOD": 0, "DEL": 0}
     out = io.BytesIO()
     for change in entity_changes(ds, old, new):

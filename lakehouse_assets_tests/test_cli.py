@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -274,12 +275,13 @@ def test_the_lake_must_be_named_and_a_read_never_creates_it(tmp_path: Path) -> N
     assert lakehouse("datasets", "list").returncode == 1
 
 
-def test_every_option_has_help_and_the_cli_has_a_version() -> None:
+def test_every_option_has_help_every_command_an_example_and_the_cli_a_version() -> None:
     import click
 
     from lakehouse_assets.cli import cli as root
 
     missing: list[tuple[str, list[str]]] = []
+    without_example: list[str] = []
 
     def walk(cmd: click.Command, path: str) -> None:
         for param in cmd.params:
@@ -288,9 +290,14 @@ def test_every_option_has_help_and_the_cli_has_a_version() -> None:
         if isinstance(cmd, click.Group):
             for name, sub in cmd.commands.items():
                 walk(sub, f"{path} {name}")
+        elif not re.search(r"Examples?:\n\s+lakehouse ", cmd.help or ""):
+            without_example.append(path)
 
     walk(root, "lakehouse")
     assert missing == []
+    assert without_example == []
+    shown = CliRunner().invoke(root, ["query", "--help"])
+    assert "Example:\n    lakehouse -d my_dataset query -s Company" in shown.output  # as written
     result = CliRunner().invoke(root, ["--version"])
     assert result.exit_code == 0 and result.output.startswith("lakehouse, version ")
 
@@ -349,3 +356,52 @@ def test_status_says_what_is_stale_and_why(spark, tmp_path: Path) -> None:  # ty
     assert "flush" in report["jobs"]
     text = CliRunner().invoke(root, [*base, "status"])
     assert text.exit_code == 0 and "entities    fresh" in text.stdout
+
+
+def test_long_commands_say_what_they_do_and_spark_stays_quiet(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """make prints its stages with counts on stderr; the result is JSON on a pipe and
+    a short summary for a person; an in-process Spark's JVM warnings go to a log
+    file unless -v."""
+    import os
+
+    from lakehouse_assets.cli import _human
+    from lakehouse_assets.cli import cli as root
+
+    lake = Lakehouse(tmp_path / "lake")
+    ds = lake.create_dataset("talk")
+    ds.add_entity({"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}})
+    ds.delete_entity("p1")
+    ds.add_entity({"id": "p2", "schema": "Person", "properties": {"name": ["Bo"]}})
+    made = CliRunner().invoke(root, ["--lake", str(tmp_path / "lake"), "-d", "talk", "make"])
+    assert made.exit_code == 0, made.output
+    stages = made.stderr
+    assert "flush talk: 6 journal rows in 1 batch(es)" in stages
+    assert "flush talk: batch 1/1 done" in stages and "so far 2 new" in stages
+    assert "export talk: exports/statements.csv written (2 statements" in stages
+    assert "make talk: done in" in stages and "published version 1" in stages
+    result = json.loads(made.stdout)  # not a terminal: JSON
+    assert result["flushed"]["superseded"] == 2 and result["flushed"]["ignored_tombstones"] == 2
+    lines = _human(result)
+    assert lines[0].startswith("flushed    6 journal rows, 2 new, 0 duplicates, 0 tombstones")
+    assert any(line.startswith("published  version 1") for line in lines)
+    assert any("exports/statements.csv" in line and "2 statements" in line for line in lines)
+
+    # a real process with an in-process Spark: no JVM noise on stderr, unless -v
+    exe = str(Path(sys.executable).parent / "lakehouse")
+    env = {k: v for k, v in os.environ.items() if k != "LAKEHOUSE_SPARK_REMOTE"}
+    env["LAKEHOUSE_CACHE_DIR"] = str(tmp_path / "cache")
+    ds.add_entity({"id": "p3", "schema": "Person", "properties": {"name": ["Cy"]}})
+    quiet = subprocess.run(
+        [exe, "--lake", str(tmp_path / "lake"), "-d", "talk", "flush"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert quiet.returncode == 0, quiet.stderr
+    assert json.loads(quiet.stdout)["new"] == 2
+    noise = [line for line in quiet.stderr.splitlines() if "WARN" in line or "WARNING" in line]
+    assert noise == [], quiet.stderr
+    assert all(line.split()[0].endswith("s") for line in quiet.stderr.splitlines())
+    log = (tmp_path / "cache" / "spark-driver.log").read_text()
+    assert "WARN" in log or "WARNING" in log  # the JVM's own start-up lines went here

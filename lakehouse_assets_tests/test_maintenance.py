@@ -3,10 +3,16 @@ test_properties_dataset)."""
 
 from __future__ import annotations
 
+import json
+
+from click.testing import CliRunner
+
 from lakehouse_assets import conventions as cv
+from lakehouse_assets.cli import cli
+from lakehouse_assets.jobs import list_runs
 from lakehouse_assets.lake import Lakehouse
 from lakehouse_assets.tables import Snapshot
-from lakehouse_assets_tests.conftest import sample_entities
+from lakehouse_assets_tests.conftest import cli_args, sample_entities
 
 ENTITIES = sample_entities()
 
@@ -27,6 +33,22 @@ def test_optimize_merges_files_and_tags(spark, local_lake: Lakehouse) -> None:  
     # the replaced files stay for older readers until vacuum removes them
     vacuumed = ds.optimize(vacuum=True, retention_hours=0)
     assert vacuumed.vacuumed >= files_before
+    ds.compact()
+    # each run leaves a job record, listed by `lakehouse jobs TYPE` as a table
+    runs = list_runs(local_lake.store, ds.name, "optimize")
+    assert [r.status for r in runs] == ["succeeded", "succeeded"]
+    assert runs[0].stats["files_removed"] == result.files_removed
+    assert runs[1].stats["vacuumed"] == vacuumed.vacuumed
+    (compacted,) = list_runs(local_lake.store, ds.name, "compact")
+    assert compacted.status == "succeeded" and compacted.stats["live"] > 0
+    base = cli_args(ds)
+    table = CliRunner().invoke(cli, [*base, "jobs", "optimize"])
+    assert table.exit_code == 0, table.output
+    header, *lines = table.stdout.splitlines()
+    assert header.split()[:2] == ["state", "started"] and len(lines) == 2
+    assert lines[1].startswith("succeeded") and f"vacuumed {vacuumed.vacuumed}" in lines[1]
+    listed = CliRunner().invoke(cli, [*base, "jobs", "compact", "--json"])
+    assert json.loads(listed.stdout)["stats"]["live"] == compacted.stats["live"]
 
 
 def test_compact_on_empty_dataset_is_a_no_op(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]

@@ -224,12 +224,15 @@ def test_mapping_cli(tmp_path: Path) -> None:
     added = runner.invoke(cli, [*base, "-d", "cli_map", "archive", "add", str(csv_path)])
     assert added.exit_code == 0, added.output
     checksum = json.loads(added.stdout)["checksum"]
-    result = runner.invoke(cli, [*base, "-d", "cli_map", "mapping", "add", checksum, str(mapping)])
+    # a unique prefix of the checksum will do, as `archive ls` shows it
+    result = runner.invoke(
+        cli, [*base, "-d", "cli_map", "mapping", "add", checksum[:12], str(mapping)]
+    )
     assert result.exit_code == 0, result.output
     listed = runner.invoke(cli, [*base, "-d", "cli_map", "mapping", "ls"])
     assert json.loads(listed.stdout.splitlines()[0])["content_hash"] == checksum
     done = runner.invoke(
-        cli, [*base, "-d", "cli_map", "mapping", "process", checksum, "--engine", "local"]
+        cli, [*base, "-d", "cli_map", "mapping", "process", checksum[:8], "--engine", "local"]
     )
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout)["statements"] > 0

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import shutil
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -125,6 +127,10 @@ def get_spark(settings: Settings | None = None) -> SparkSession:
             )
         session = _connect(settings) if remote else _start_local(settings)
         _sessions[key] = session
+        from lakehouse_assets import progress
+
+        if progress.log.isEnabledFor(logging.INFO):
+            progress.watch_spark(session)
         return session
 
 
@@ -189,15 +195,43 @@ def _start_local(settings: Settings) -> SparkSession:
     builder = SparkSession.builder
     for key, value in spark_conf(settings).items():
         builder = builder.config(key, value)
-    try:
-        session = builder.getOrCreate()
-    except PySparkRuntimeError as exc:
-        # the JVM launcher, forked while other threads run, can fail once
-        if "JAVA_GATEWAY_EXITED" not in str(exc):
-            raise
-        session = builder.getOrCreate()
+    with _jvm_output(settings):
+        try:
+            session = builder.getOrCreate()
+        except PySparkRuntimeError as exc:
+            # the JVM launcher, forked while other threads run, can fail once
+            if "JAVA_GATEWAY_EXITED" not in str(exc):
+                raise
+            session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+@contextlib.contextmanager
+def _jvm_output(settings: Settings) -> Iterator[None]:
+    """Start the JVM with its stderr in ``{cache_dir}/spark-driver.log`` (the JVM's
+    and Spark's start-up warnings are noise on a command line), unless
+    ``spark_console``: the JVM inherits file descriptor 2 as it is while it
+    starts, and this process gets its own back at once."""
+    if settings.spark_console:
+        yield
+        return
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no file descriptor 2 to hand on
+        yield
+        return
+    folder = Path(settings.cache_dir).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    target = os.open(folder / "spark-driver.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(target, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(target)
 
 
 def parallelism(spark: SparkSession) -> int:
