@@ -552,14 +552,22 @@ def export_statistics(ds: Dataset, force: bool = False) -> ExportResult:
 
 
 def make(ds: Dataset, force: bool = False) -> ExportResult:
-    """Flush if needed, then every export that is not fresh, then index.json;
-    and the graph index, if the dataset has one, brought up to date."""
+    """Flush if needed; the graph index, if the dataset has one, brought up to date;
+    then every export that is not fresh, then index.json (publishing a version
+    that records the graph index, current)."""
     from lakehouse_assets import graph
 
-    result = export(ds, [STATEMENTS, ENTITIES, STATISTICS, INDEX], force)
+    flushed = None
+    updated = None
     if graph.GraphState.load(ds) is not None:
+        # the index first, so the version published below records it current
+        flushed = flush_for_reading(ds, wait=ds.settings.lock_wait_seconds).result
         progress.stage("make %s: updating the graph index", ds.name)
-        result.graph = graph.update(ds).as_dict()
+        updated = graph.update(ds).as_dict()
+    result = export(ds, [STATEMENTS, ENTITIES, STATISTICS, INDEX], force)
+    result.graph = updated
+    if result.flushed is None and flushed is not None:
+        result.flushed = flushed.as_dict()
     version = (result.written.get(INDEX) or {}).get("version") or {}
     progress.stage(
         "make %s: done in %.1f s%s",

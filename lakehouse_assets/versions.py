@@ -571,7 +571,7 @@ def build_manifest(
             "sha256": hashlib.sha256(index_bytes).hexdigest(),
         }
     )
-    return {
+    manifest: dict[str, Any] = {
         "schema": dict(MANIFEST_SCHEMA),
         "dataset": ds.name,
         "snapshot_id": cv.path_timestamp(created),
@@ -584,6 +584,44 @@ def build_manifest(
         "exports": exports,
         "totals": totals,
         "logical_hash": logical,
+    }
+    graph = _graph_entry(ds, snapshot)
+    if graph is not None:
+        manifest["graph"] = graph
+    return manifest
+
+
+def _graph_entry(ds: Dataset, snapshot: DatasetSnapshot) -> dict[str, Any] | None:
+    """The graph index as it was when the version was published (when the dataset has
+    one): the Delta versions of its tables, the table versions it reflects (and so
+    whether it was current), its edge counts, and the SHA-256 of ``graph/state.json``
+    (the index's own snapshot manifest, which lists its files)."""
+    from lakehouse_assets import graph
+
+    state_path = cv.dataset_path(ds.name, graph.STATE)
+    if not ds.store.exists(state_path):
+        return None
+    state_bytes = ds.store.read_bytes(state_path)
+    state = graph.GraphState.load(ds)
+    if state is None:
+        return None
+    tables = {}
+    for name, table in (
+        ("by_source", graph.BY_SOURCE),
+        ("by_target", graph.BY_TARGET),
+        ("tombstones", graph.TOMBSTONES),
+    ):
+        dt = graph._location(ds, table).table()
+        tables[name] = None if dt is None else dt.version()
+    reflects = {"statements": state.statements_version, "translog": state.translog_version}
+    return {
+        "tables": tables,
+        "reflects": reflects,
+        "current": (state.statements_version, state.translog_version) == snapshot.versions,
+        "edges": state.edges,
+        "by_prop": dict(state.by_prop),
+        "tombstones": state.tombstones,
+        "state_sha256": hashlib.sha256(state_bytes).hexdigest(),
     }
 
 

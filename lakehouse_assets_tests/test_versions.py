@@ -654,6 +654,38 @@ def test_trace_names_the_tenant_and_write(spark, local_lake: Lakehouse) -> None:
     assert all(s["last_written_by"]["tenant"] == "bob" for s in gone)
 
 
+def test_a_version_records_the_graph_index_current(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    """With a graph index, make updates it before publishing, and the manifest names
+    its table versions, what it reflects, its edge count and its state file's hash."""
+    from lakehouse_assets import graph
+
+    ds = local_lake.create_dataset("graphed")
+    entities = sample_entities()
+    for e in entities:
+        ds.add_entity(e)
+    ds.make()
+    head = ds.version()
+    assert head is not None and "graph" not in head.manifest  # no index yet
+    graph.rebuild(ds)
+    ownership = next(e for e in entities if e["schema"] == "Ownership")
+    ds.add_entity({**ownership, "id": "own-copy"})
+    made = ds.make()
+    assert made.graph is not None and made.graph["added"] == 2
+    head = ds.version()
+    assert head is not None and head.sequence == 2
+    recorded = head.manifest["graph"]
+    assert recorded["current"] is True
+    assert recorded["reflects"] == {
+        "statements": head.table_version("statements"),
+        "translog": head.table_version("translog"),
+    }
+    assert recorded["edges"] == graph.status(ds)["edges"]
+    state = ds.store.read_bytes(cv.dataset_path(ds.name, cv.GRAPH_STATE))
+    assert recorded["state_sha256"] == hashlib.sha256(state).hexdigest()
+    assert all(isinstance(v, int) for v in recorded["tables"].values())
+    assert ds.verify().ok
+
+
 OLD_JOURNAL = {  # the journal table as versions before provenance created it
     "sqlite": "seq INTEGER PRIMARY KEY AUTOINCREMENT",
     "postgresql": "seq BIGSERIAL PRIMARY KEY",
