@@ -58,7 +58,9 @@ class Context:
             uri = self.settings.lake_uri
             if not create and not uri.startswith("s3://"):
                 folder = Path(uri.removeprefix("file://")).expanduser()
-                if not folder.is_dir():
+                # a file in the way: the store says so (its error names it)
+                blocked = any(p.exists() and not p.is_dir() for p in (folder, *folder.parents))
+                if not folder.exists() and not blocked:
                     raise click.ClickException(
                         f"no lake at {folder}: create one with `lakehouse --lake {uri} "
                         "datasets create NAME`, or point --lake at an existing lake"

@@ -153,6 +153,11 @@ def test_materialize_the_graph_twice(
     assert set(mats) == KEYS - {"archive", "mappings", "journal"}
     assert mats["statements"]["new_statements"] == written
     assert mats["statements"]["dagster/partition_row_count"] == written
+    assert mats["statements"]["dagster/row_count"] == written
+    columns = [c.name for c in mats["statements"]["dagster/column_schema"].columns]
+    assert columns[:3] == ["id", "entity_id", "canonical_id"] and "origin" in columns
+    translog = [c.name for c in mats["translog"]["dagster/column_schema"].columns]
+    assert "deleted_at" in translog and "last_write" in translog
     assert mats["statements"]["delta_version"] >= 0
     assert mats["statements"]["dagster/uri"] == ds.statements_table.uri
     assert mats["entities_ftm_json"]["dagster/partition_row_count"] == len(entities)
@@ -209,6 +214,7 @@ def test_materialize_the_graph_twice(
     assert checks(second)["versions_verified"]
     assert checks(second)["graph_edges_match"]
     assert mats["graph"]["mode"] == "update"
+    live = written + 2 - deleted
 
     # both journal writes were reported (as the sensor would), once each
     records = instance.fetch_materializations(
@@ -216,6 +222,15 @@ def test_materialize_the_graph_twice(
         limit=10,
     ).records
     assert len(records) == 2
+
+    # nothing new: the exports are kept, and still say how many rows they hold
+    third = materialize(local_lake, instance, ds.name)
+    assert third.success
+    mats = materializations(third)
+    assert not mats["statements_csv"]["rewritten"]
+    assert mats["statements_csv"]["dagster/row_count"] == live
+    assert mats["entities_ftm_json"]["dagster/row_count"] == len(entities)
+    assert mats["statements_csv"]["dagster/uri"].endswith(cv.STATEMENTS_CSV)
 
 
 def test_blocking_check_stops_bad_data(

@@ -33,6 +33,10 @@ from lakehouse_assets.defs.partitions import datasets
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.exports import ENTITIES, EXPORTS, INDEX, STATEMENTS, STATISTICS, export
 from lakehouse_assets.flush import flush
+from lakehouse_assets.tables import STATEMENTS_SCHEMA, TRANSLOG_SCHEMA
+
+#: The Delta tables' columns, shown as each table asset's column schema.
+SCHEMAS = {"statements": STATEMENTS_SCHEMA, "translog": TRANSLOG_SCHEMA}
 
 GROUP = "ftm_lakehouse"
 
@@ -114,7 +118,7 @@ def flush_tables(
         summary = table_summary(location)
         yield dg.MaterializeResult(
             asset_key=key,
-            metadata={**table_metadata(summary), **counts},
+            metadata={**table_metadata(summary, SCHEMAS[key]), **counts},
             data_version=dg.DataVersion(str(summary.version))
             if summary.version is not None
             else None,

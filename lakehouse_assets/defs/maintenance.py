@@ -15,6 +15,7 @@ from lakehouse_assets.defs.metadata import table_metadata, table_summary
 from lakehouse_assets.defs.partitions import DATASETS, datasets
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.lake import Dataset
+from lakehouse_assets.tables import STATEMENTS_SCHEMA
 
 
 class OptimizeConfig(dg.Config):
@@ -59,7 +60,10 @@ def _observe_statements(ds: Dataset, result: dict[str, Any]) -> dg.AssetObservat
     return dg.AssetObservation(
         asset_key="statements",
         partition=ds.name,
-        metadata={**table_metadata(table_summary(ds.statements_table)), **done},
+        metadata={
+            **table_metadata(table_summary(ds.statements_table), STATEMENTS_SCHEMA),
+            **done,
+        },
     )
 
 

@@ -60,14 +60,26 @@ def markdown_table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
     return "\n".join(lines)
 
 
-def table_metadata(summary: TableSummary) -> dict[str, Any]:
+def column_schema(schema: pa.Schema) -> dg.TableSchema:
+    """A Delta table's columns as Dagster shows them (``dagster/column_schema``)."""
+    return dg.TableSchema(
+        columns=[dg.TableColumn(name=f.name, type=str(f.type), constraints=None) for f in schema]
+    )
+
+
+def table_metadata(summary: TableSummary, schema: pa.Schema | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "dagster/uri": summary.uri,
+        # the dataset's table (one partition of the asset): both names, so the UI's
+        # row count column and the partition views show it
+        "dagster/row_count": summary.rows,
         "dagster/partition_row_count": summary.rows,
         "delta_version": summary.version if summary.version is not None else -1,
         "files": summary.files,
         "size_bytes": summary.bytes,
     }
+    if schema is not None:
+        meta["dagster/column_schema"] = column_schema(schema)
     if summary.rows_by_origin:
         meta["rows_by_origin"] = dg.MetadataValue.md(
             markdown_table(["origin", "rows"], sorted(summary.rows_by_origin.items()))
@@ -99,9 +111,11 @@ def export_metadata(ds: Dataset, kind: str, written: Mapping[str, Any] | None) -
     }
     if ds.store.exists(full):
         meta["size_bytes"] = ds.store.size(full)
+    rows = written.get("rows") if written is not None else last_written_rows(ds, kind)
+    if isinstance(rows, int):
+        meta["dagster/row_count"] = rows
+        meta["dagster/partition_row_count"] = rows
     if written is not None:
-        if "rows" in written:
-            meta["dagster/partition_row_count"] = int(written["rows"])
         if "sha256" in written:
             meta["sha256"] = written["sha256"]
         snapshot = written.get("snapshot")
@@ -116,6 +130,20 @@ def export_metadata(ds: Dataset, kind: str, written: Mapping[str, Any] | None) -
     if ts is not None:
         meta["exported_at"] = dg.MetadataValue.timestamp(ts)
     return meta
+
+
+def last_written_rows(ds: Dataset, kind: str, runs: int = 20) -> int | None:
+    """The row count of a kept export: what the latest export job that wrote it
+    recorded (the newest ``runs`` job records are looked at, not the file)."""
+    from lakehouse_assets.jobs import list_runs
+
+    for run in sorted(list_runs(ds.store, ds.name, "export"), key=lambda r: r.started_at)[-runs:][
+        ::-1
+    ]:
+        done = (run.stats.get("written") or {}).get(kind) or {}
+        if isinstance(done.get("rows"), int) and run.status == "succeeded":
+            return int(done["rows"])
+    return None
 
 
 def tag_version(ds: Dataset, tag: str) -> dg.DataVersion | None:
