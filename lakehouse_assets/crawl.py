@@ -6,7 +6,11 @@ The specification's crawl operation. The source is a local folder, a
 the source), then archived one by one (streamed, content-addressed) with a
 Document entity in the journal. A file's archive key is its path relative to
 the source, so a second crawl of the same source finds what it archived
-before and, with ``skip_existing``, neither reads nor hashes it again.
+before and, with ``skip_existing``, neither reads nor hashes it again,
+unless the file changed since: its size and modification time (local) or
+size and ETag (S3), recorded with the archived file, differ. A changed file
+is archived again (a new checksum, a new Document; the earlier version stays
+in the content-addressed archive).
 
 A file that fails (unreadable, vanished between listing and reading) is
 recorded with its reason in the job record and the crawl goes on; the job
@@ -23,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.archive import make_file_id
+from lakehouse_assets.archive import FileMeta, make_file_id
 from lakehouse_assets.errors import InvalidInputError, SourceNotFoundError
 from lakehouse_assets.sources import local_path
 from lakehouse_assets.storage import LocalStore, S3Store, Store
@@ -33,6 +37,8 @@ if TYPE_CHECKING:
 
 #: The job type of crawl runs (``jobs/runs/crawl/``).
 CRAWL_JOB = "crawl"
+#: ``FileMeta.extra`` key: the source file's fingerprint when it was archived.
+FINGERPRINT = "source_fingerprint"
 
 
 @dataclass
@@ -42,6 +48,8 @@ class CrawlResult:
     source: str
     seen: int = 0
     archived: int = 0
+    #: archived again: the file at a crawled path changed since
+    updated: int = 0
     skipped: int = 0
     skipped_symlinks: int = 0
     failed: int = 0
@@ -54,6 +62,7 @@ class CrawlResult:
             "source": self.source,
             "seen": self.seen,
             "archived": self.archived,
+            "updated": self.updated,
             "skipped": self.skipped,
             "skipped_symlinks": self.skipped_symlinks,
             "failed": self.failed,
@@ -92,6 +101,20 @@ def list_source(
             yield path
 
 
+def changed(store: Store, path: str, previous: FileMeta) -> bool:
+    """Whether the file at ``path`` may differ from what was archived from it: its
+    fingerprint differs from the recorded one (or, for files archived before
+    fingerprints were recorded, its size differs). A file gone since listing
+    counts as changed: archiving it then fails and is recorded."""
+    try:
+        recorded = previous.extra.get(FINGERPRINT)
+        if recorded is None:
+            return store.size(path) != previous.size
+        return bool(store.fingerprint(path) != recorded)
+    except SourceNotFoundError:
+        return True
+
+
 def leaves(root: Path, path: str) -> str | None:
     """Where a path under a (resolved) local root really points, if outside it."""
     target = (root / path).resolve()
@@ -123,7 +146,10 @@ def crawl(
     with ds.job(CRAWL_JOB) as job:
         job.run.stats = {**result.as_dict(), "prefix": prefix, "glob": glob, "exclude": exclude}
         job.save()
-        known = {m.file_id for m in ds.archive.list()} if skip_existing else set()
+        known: dict[str, FileMeta] = {}
+        for meta in ds.archive.list() if skip_existing else ():
+            if meta.file_id not in known or meta.updated_at > known[meta.file_id].updated_at:
+                known[meta.file_id] = meta
         root = store.root.resolve() if isinstance(store, LocalStore) else None
         for path in list_source(store, prefix, glob, exclude):
             result.seen += 1
@@ -139,13 +165,14 @@ def crawl(
                         "(--follow-symlinks to archive it)",
                     }
                 )
-            elif make_file_id(path) in known:
+            elif (previous := known.get(make_file_id(path))) is not None and not changed(
+                store, path, previous
+            ):
                 result.skipped += 1
             else:
                 try:
-                    meta = ds.archive.put(
-                        uri, key=path, name=Path(path).name, extra={DOCUMENT_MARK: True}
-                    )
+                    extra = {DOCUMENT_MARK: True, FINGERPRINT: store.fingerprint(path)}
+                    meta = ds.archive.put(uri, key=path, name=Path(path).name, extra=extra)
                 except Exception as exc:  # noqa: BLE001
                     # one bad file must not end the crawl: record it and go on
                     result.failed += 1
@@ -155,7 +182,10 @@ def crawl(
                 else:
                     ds.core_tags.touch(cv.ARCHIVE_LAST_UPDATED)
                     ds.add_entity(document_entity(meta), origin=CRAWL_JOB)
-                    result.archived += 1
+                    if previous is None:
+                        result.archived += 1
+                    else:
+                        result.updated += 1
                     result.bytes += meta.size
             if progress is not None:
                 progress(1)

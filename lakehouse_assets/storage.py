@@ -108,6 +108,11 @@ class Store(ABC):
     def size(self, path: str) -> int: ...
 
     @abstractmethod
+    def fingerprint(self, path: str) -> str:
+        """What changes when the file's content may have changed, without reading it:
+        size and modification time (local), size and ETag (S3)."""
+
+    @abstractmethod
     def full_uri(self, path: str = "") -> str:
         """Absolute URI of a lake path, for engines (Spark, delta-rs, DuckDB)."""
 
@@ -293,6 +298,13 @@ class LocalStore(Store):
         except FileNotFoundError as exc:
             raise SourceNotFoundError(f"Not found in lake {self.uri}: {path}") from exc
 
+    def fingerprint(self, path: str) -> str:
+        try:
+            info = self._path(path).stat()
+        except FileNotFoundError as exc:
+            raise SourceNotFoundError(f"Not found in lake {self.uri}: {path}") from exc
+        return f"size={info.st_size};mtime_ns={info.st_mtime_ns}"
+
     def full_uri(self, path: str = "") -> str:
         return str(self._path(path)) if path else str(self.root)
 
@@ -469,6 +481,17 @@ class S3Store(Store):
                 raise SourceNotFoundError(f"Not found in lake {self.uri}: {path}") from exc
             raise
         return int(head["ContentLength"])
+
+    def fingerprint(self, path: str) -> str:
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(path))
+        except ClientError as exc:
+            if self._is_missing(exc):
+                raise SourceNotFoundError(f"Not found in lake {self.uri}: {path}") from exc
+            raise
+        return f"size={int(head['ContentLength'])};etag={head.get('ETag', '').strip(chr(34))}"
 
     def full_uri(self, path: str = "") -> str:
         return f"s3://{self.bucket}/{self._key(path)}" if path else self.uri

@@ -70,8 +70,16 @@ def test_crawl_folder_then_again(local_lake: Lakehouse, tmp_path: Path) -> None:
     assert local_lake.journal.count(ds.name) == journal_rows
     assert len(list_runs(ds.store, ds.name, CRAWL_JOB)) == 2
 
-    # a changed file is archived again when existing files are not skipped
+    # a file changed at a crawled path is archived again (its size and mtime
+    # differ from those recorded), a new Document; the others are skipped
     (source / "readme.md").write_bytes(b"# source, v2")
+    changed = ds.crawl(str(source))
+    assert (changed.archived, changed.updated, changed.skipped) == (0, 1, 5)
+    assert len({m.checksum for m in ds.archive.list()}) == 7
+    assert {"readme.md"} in [v for k, v in documents(local_lake, "crawled").items()]
+    assert ds.crawl(str(source)).skipped == 6  # and then it is known
+
+    # everything again when existing files are not skipped
     third = ds.crawl(str(source), skip_existing=False)
     assert third.archived == 6
     assert len({m.checksum for m in ds.archive.list()}) == 7
@@ -138,6 +146,11 @@ def test_crawl_s3_prefix(local_lake: Lakehouse, s3_settings: Settings) -> None:
     with ds.archive.open(next(iter(ds.archive.list())).checksum) as fh:
         assert fh.read().startswith(b"%PDF")
     assert ds.crawl(f"s3://{bucket}/incoming", glob="*.pdf").skipped == 2
+    # an object overwritten with new content (a new ETag) is archived again
+    client.put_object(Bucket=bucket, Key="incoming/reports/2024/q2.pdf", Body=b"%PDF-1.4 q2 v2")
+    again = ds.crawl(f"s3://{bucket}/incoming", glob="*.pdf")
+    assert (again.updated, again.skipped) == (1, 1)
+    assert len({m.checksum for m in ds.archive.list()}) == 3
 
 
 def test_crawl_cli(tmp_path: Path) -> None:
