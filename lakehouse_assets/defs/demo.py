@@ -79,10 +79,26 @@ def summary(result: dg.ExecuteInProcessResult) -> list[str]:
     return lines
 
 
+def show_progress() -> None:
+    """The run's stages on stdout as they happen (flush batches, exports, the graph,
+    Spark's tasks), while Dagster's own log goes to stderr (``make demo`` keeps that
+    in a file): the demo is not silent while the run works."""
+    import logging
+
+    from lakehouse_assets import progress
+
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(progress.Formatter())
+    progress.log.addHandler(handler)
+    progress.log.setLevel(logging.INFO)
+    progress.log.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dataset")
     args = parser.parse_args(argv)
+    show_progress()
     instance = dg.DagsterInstance.get()
     report_sources(instance, LakehouseResource(), args.dataset)
     result = refresh(instance, args.dataset)
