@@ -12,6 +12,7 @@ process) or the progress handler of a Spark Connect session.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -105,10 +106,23 @@ class Formatter(logging.Formatter):
         return f"{elapsed:6.1f}s {prefix}{record.getMessage()}"
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a line is logged (a command run in
+    a test runner gets a new one each time), not the one it was created with."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def configure(verbosity: int) -> None:
     """The CLI's logging: progress lines on stderr; ``-v`` adds the lakehouse's INFO
     logs (flush step timings, ...), ``-vv`` DEBUG."""
-    handler = logging.StreamHandler()
+    handler = _Stderr()
     handler.setFormatter(Formatter())
     root = logging.getLogger("lakehouse_assets")
     root.handlers[:] = [handler]
