@@ -608,17 +608,47 @@ def status_cmd(obj: Context, as_json: bool) -> None:
                 "last": last.started_at.isoformat(timespec="seconds"),
                 "status": last.status,
             }
+    from lakehouse_assets import graph, graph_exports
+
+    built = graph.status(ds)
+    if built["built"]:
+        current = bool(built["current"])
+        exports["graph"] = {
+            "path": cv.GRAPH_STATE,
+            "fresh": current,
+            "why": f"{built['edges']:,} edges; "
+            + ("reflects the latest tables" if current else "the tables changed since its update"),
+        }
+        cypher = graph_exports.is_fresh(ds)
+        exports["graph_cypher"] = {
+            "path": cv.GRAPH_CYPHER,
+            "fresh": cypher,
+            "why": "newer than entities.ftm.json" if cypher else "older than entities.ftm.json",
+        }
     state = ds.lock().state()
     lock = f"held: {state.describe()}" if state.held else state.problem or "free"
+    # the tenants' operation locks (locks/{tenant}/{operation}): those held now
+    operations = {}
+    for path in ds.store.list(cv.dataset_path(ds.name, cv.LOCKS) + "/"):
+        tenant, operation = path.split("/")[-2:]
+        try:
+            held = ds.operation_lock(operation, tenant=tenant).state()
+        except LakehouseError:  # not a lock file (a name no lock would have)
+            continue
+        if held.held:
+            operations[f"{tenant}/{operation}"] = held.describe()
+    head = ds.version()
     latest = main.version() if main is not None else None
     report = {
         "dataset": ds.name,
         "journal_pending": pending,
         "statements_version": {"published": snapshot.statements.version, "latest": latest},
         "translog_version": snapshot.translog.version,
+        "version": None if head is None else {"sequence": head.sequence, "hash": head.hash},
         "exports": exports,
         "jobs": jobs,
         "lock": lock,
+        "operation_locks": operations,
     }
     if as_json:
         _echo_json(report)
@@ -629,6 +659,8 @@ def status_cmd(obj: Context, as_json: bool) -> None:
         f"  statements table: v{snapshot.statements.version} published"
         f" (latest v{latest}); translog v{snapshot.translog.version}"
     )
+    if head is not None:
+        click.echo(f"  published: version {head.sequence} ({head.hash[:21]}…)")
     for kind, info in exports.items():
         mark = "fresh" if info["fresh"] else "stale"
         click.echo(f"  {kind:<11} {mark:<6} {info['why']}")
@@ -637,6 +669,8 @@ def status_cmd(obj: Context, as_json: bool) -> None:
             f"  job {name:<10} {info['runs']:>4} runs, last {info['last']} ({info['status']})"
         )
     click.echo(f"  lock: {lock}")
+    for name, holder in operations.items():
+        click.echo(f"  lock {name}: held: {holder}")
 
 
 # --- data plane ---------------------------------------------------------------

@@ -356,6 +356,25 @@ def test_status_says_what_is_stale_and_why(spark, tmp_path: Path) -> None:  # ty
     assert "flush" in report["jobs"]
     text = CliRunner().invoke(root, [*base, "status"])
     assert text.exit_code == 0 and "entities    fresh" in text.stdout
+    assert report["version"]["sequence"] == 1 and "published: version 1" in text.stdout
+    assert "graph" not in report["exports"]  # no index yet
+    # with a graph index: its freshness, and the Cypher export's
+    from lakehouse_assets import graph
+
+    graph.rebuild(ds)
+    ds.add_entity({"id": "p2", "schema": "Person", "properties": {"name": ["Bo"]}})
+    ds.flush()
+    # a tenant's operation lock, held by this live process: listed
+    with ds.operation_lock("export"):
+        report = json.loads(CliRunner().invoke(root, [*base, "status", "--json"]).stdout)
+    assert report["exports"]["graph"]["fresh"] is False
+    assert "tables changed since" in report["exports"]["graph"]["why"]
+    assert report["exports"]["graph_cypher"]["fresh"] is False
+    (held,) = report["operation_locks"]
+    assert held == "lakehouse/export" and "pid" in report["operation_locks"][held]
+    graph.update(ds)
+    report = json.loads(CliRunner().invoke(root, [*base, "status", "--json"]).stdout)
+    assert report["exports"]["graph"]["fresh"] is True and report["operation_locks"] == {}
 
 
 def test_long_commands_say_what_they_do_and_spark_stays_quiet(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
