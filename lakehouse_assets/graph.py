@@ -142,7 +142,7 @@ class GraphState:
 
 def _table_files(ds: Dataset, table: str, column: str) -> list[dict[str, Any]]:
     """A table's files with their property partition and min/max of ``column``."""
-    dt = _location(ds, table).table()
+    dt = table_location(ds, table).table()
     if dt is None:
         return []
     return [
@@ -156,7 +156,8 @@ def _table_files(ds: Dataset, table: str, column: str) -> list[dict[str, Any]]:
     ]
 
 
-def _location(ds: Dataset, table: str) -> DeltaLocation:
+def table_location(ds: Dataset, table: str) -> DeltaLocation:
+    """Where one of the index's Delta tables lives (``graph/by_source``, ...)."""
     return DeltaLocation(
         ds.store.full_uri(cv.dataset_path(ds.name, table)), ds.store.storage_options()
     )
@@ -174,7 +175,7 @@ def _writer(lookup: str) -> WriterProperties:
 def _write(ds: Dataset, table: str, data: pa.Table, mode: str, reflects: int | None) -> None:
     lookup = "source" if table == BY_SOURCE else "target"
     props = CommitProperties(custom_metadata={"lakehouse.graph.reflects_translog": str(reflects)})
-    location = _location(ds, table)
+    location = table_location(ds, table)
     # one call for both modes (delta-rs's overloads split them by a literal)
     write: Any = write_deltalake
     if table == TOMBSTONES:
@@ -379,7 +380,7 @@ def _max_generation(ds: Dataset) -> int:
     """The highest generation any table holds (rows of killed updates included)."""
     best = 0
     for table in (BY_SOURCE, TOMBSTONES):
-        dt = _location(ds, table).table()
+        dt = table_location(ds, table).table()
         if dt is None:
             continue
         actions = pa.table(dt.get_add_actions(flatten=True))
@@ -424,7 +425,7 @@ def _lookup(
     """Rows of one direction whose lookup column is ``entity_id`` (pruned by each
     file's min/max, from the state's file list or the Delta log, then by Parquet
     statistics and bloom filters per row group)."""
-    location = _location(ds, table)
+    location = table_location(ds, table)
     listed = state.files.get(table) if state is not None and state.files else None
     if listed is None:
         listed = _table_files(ds, table, column)
@@ -451,7 +452,7 @@ def _visible(ds: Dataset, rows: pa.Table, state: GraphState) -> pa.Table:
     done = pa.array(state.generations, pa.int64())
     rows = rows.filter(pc.is_in(rows.column("generation"), done))
     if state.tombstones and rows.num_rows:
-        location = _location(ds, TOMBSTONES)
+        location = table_location(ds, TOMBSTONES)
         listed = state.files.get(TOMBSTONES) or _table_files(ds, TOMBSTONES, "edge_id")
         if listed:
             root = location.uri.rstrip("/")
@@ -490,7 +491,7 @@ def all_edges(ds: Dataset) -> pa.Table:
     state = GraphState.load(ds)
     if state is None:
         return EDGE_SCHEMA.empty_table()
-    dt = _location(ds, BY_SOURCE).table()
+    dt = table_location(ds, BY_SOURCE).table()
     if dt is None:
         return EDGE_SCHEMA.empty_table()
     rows = dt.to_pyarrow_dataset().to_table().select(EDGE_SCHEMA.names).cast(EDGE_SCHEMA)

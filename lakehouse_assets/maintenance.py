@@ -452,11 +452,9 @@ def _optimize(
             # the graph index's tables: a rebuild or a tombstone fold replaces
             # their files; lookups read the files graph/state.json lists, which
             # are always the latest (written under this same dataset lock)
-            for table in (cv.GRAPH_BY_SOURCE, cv.GRAPH_BY_TARGET, cv.GRAPH_TOMBSTONES):
-                location = DeltaLocation(
-                    ds.store.full_uri(cv.dataset_path(ds.name, table)),
-                    ds.store.storage_options(),
-                )
-                vacuumed += _vacuum_table(location, timedelta(hours=hours))
+            from lakehouse_assets import graph
+
+            for table in (graph.BY_SOURCE, graph.BY_TARGET, graph.TOMBSTONES):
+                vacuumed += _vacuum_table(graph.table_location(ds, table), timedelta(hours=hours))
         ds.core_tags.touch(cv.STATEMENTS_OPTIMIZED)
     return OptimizeResult(removed, added, vacuumed, time.monotonic() - clock)

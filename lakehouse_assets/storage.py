@@ -292,17 +292,17 @@ class LocalStore(Store):
             or (e.is_dir() and any(os.scandir(e.path)))
         )
 
-    def size(self, path: str) -> int:
+    def _stat(self, path: str) -> os.stat_result:
         try:
-            return self._path(path).stat().st_size
+            return self._path(path).stat()
         except FileNotFoundError as exc:
             raise SourceNotFoundError(f"Not found in lake {self.uri}: {path}") from exc
 
+    def size(self, path: str) -> int:
+        return self._stat(path).st_size
+
     def fingerprint(self, path: str) -> str:
-        try:
-            info = self._path(path).stat()
-        except FileNotFoundError as exc:
-            raise SourceNotFoundError(f"Not found in lake {self.uri}: {path}") from exc
+        info = self._stat(path)
         return f"size={info.st_size};mtime_ns={info.st_mtime_ns}"
 
     def full_uri(self, path: str = "") -> str:
@@ -471,26 +471,21 @@ class S3Store(Store):
         names.discard("")
         return sorted(names)
 
-    def size(self, path: str) -> int:
+    def _head(self, path: str) -> dict[str, Any]:
         from botocore.exceptions import ClientError
 
         try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(path))
+            return dict(self.client.head_object(Bucket=self.bucket, Key=self._key(path)))
         except ClientError as exc:
             if self._is_missing(exc):
                 raise SourceNotFoundError(f"Not found in lake {self.uri}: {path}") from exc
             raise
-        return int(head["ContentLength"])
+
+    def size(self, path: str) -> int:
+        return int(self._head(path)["ContentLength"])
 
     def fingerprint(self, path: str) -> str:
-        from botocore.exceptions import ClientError
-
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(path))
-        except ClientError as exc:
-            if self._is_missing(exc):
-                raise SourceNotFoundError(f"Not found in lake {self.uri}: {path}") from exc
-            raise
+        head = self._head(path)
         return f"size={int(head['ContentLength'])};etag={head.get('ETag', '').strip(chr(34))}"
 
     def full_uri(self, path: str = "") -> str:

@@ -611,7 +611,7 @@ def _graph_entry(ds: Dataset, snapshot: DatasetSnapshot) -> dict[str, Any] | Non
         ("by_target", graph.BY_TARGET),
         ("tombstones", graph.TOMBSTONES),
     ):
-        dt = graph._location(ds, table).table()
+        dt = graph.table_location(ds, table).table()
         tables[name] = None if dt is None else dt.version()
     reflects = {"statements": state.statements_version, "translog": state.translog_version}
     return {
