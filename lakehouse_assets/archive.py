@@ -1,7 +1,10 @@
-"""Content-addressed source files and their metadata.
+"""Content-addressed source files, their metadata and their extracted text.
 
 A blob is stored once at ``archive/{ch[0:2]}/{ch[2:4]}/{ch[4:6]}/{checksum}/data``;
-each source path that points at it gets its own ``{file_id}.json`` beside it.
+each source path that points at it gets its own ``{file_id}.json`` beside it,
+and each text extraction engine (OCR, Tika, ...) its ``{engine}.txt`` (UTF-8).
+Text belongs to the content, not to a source path: it stays as long as the
+blob does (deleting metadata never removes the blob, see :meth:`Archive.delete`).
 Content is streamed through SHA-256 into a staging file (constant memory for
 files of any size) and only moved into place once the checksum is known and,
 if the caller gave one, verified: a mismatch stores nothing.
@@ -9,6 +12,7 @@ if the caller gave one, verified: a mismatch stores nothing.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import hashlib
 import mimetypes
@@ -22,7 +26,11 @@ from typing import IO, Any
 from pydantic import BaseModel, Field
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.errors import ChecksumMismatchError, InvalidInputError, SourceNotFoundError
+from lakehouse_assets.errors import (
+    ChecksumMismatchError,
+    InvalidInputError,
+    SourceNotFoundError,
+)
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.sources import CHUNK, open_source, source_name
 from lakehouse_assets.storage import LocalStore, Store
@@ -191,7 +199,11 @@ class Archive:
                 yield FileMeta.model_validate_json(self.store.read_bytes(path))
 
     def delete(self, file_id: str, checksum: str | None = None) -> FileMeta:
-        """Remove one metadata entry; the blob stays (as the spec says)."""
+        """Remove one metadata entry; the blob stays (as the spec says).
+
+        So does the blob's extracted text: it belongs to the content, which
+        remains readable by checksum even after its last metadata entry goes.
+        """
         fid = cv.file_id(file_id)
         candidates = self.files(checksum) if checksum else list(self.list())
         for meta in candidates:
@@ -199,3 +211,60 @@ class Archive:
                 self.store.delete(cv.archive_meta(self.dataset, meta.checksum, fid))
                 return meta
         raise SourceNotFoundError(f"No file with id {fid} in dataset {self.dataset!r}")
+
+    # --- extracted text ({engine}.txt beside the blob) -----------------------
+
+    def put_text(self, checksum: str, origin: str, text: str) -> str:
+        """Store the text an engine (``origin``) extracted from an archived file.
+
+        ``checksum`` may be a unique prefix (as for :meth:`resolve`); the blob
+        must be in the archive. An engine's earlier text is replaced (atomic).
+        Returns the full checksum.
+        """
+        cv.text_engine(origin)
+        full = self.resolve(checksum)
+        path = cv.archive_text(self.dataset, full, origin)
+        if not self.exists(full):
+            raise SourceNotFoundError(
+                f"No file with checksum {full} in dataset {self.dataset!r}: "
+                "archive the file before adding its text"
+            )
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidInputError(
+                f"text of engine {origin!r} for {full[:16]}… is not valid Unicode "
+                f"({exc.reason} at character {exc.start})",
+                dataset=self.dataset,
+            ) from exc
+        self.store.write_bytes(path, data)
+        return full
+
+    def get_text(self, checksum: str, origin: str) -> str:
+        """The text ``origin`` extracted from a file; ``SourceNotFoundError`` if none."""
+        cv.text_engine(origin)
+        full = self.resolve(checksum)
+        path = cv.archive_text(self.dataset, full, origin)
+        try:
+            data = self.store.read_bytes(path)
+        except SourceNotFoundError:
+            have = self.texts(full)
+            raise SourceNotFoundError(
+                f"No text of engine {origin!r} for checksum {full} in dataset "
+                f"{self.dataset!r}"
+                + (f" (engines with text: {', '.join(have)})" if have else " (it has no text)")
+            ) from None
+        return data.decode("utf-8")
+
+    def texts(self, checksum: str) -> builtins.list[str]:
+        """The engines that have text for a file, sorted (the file must be archived)."""
+        full = self.resolve(checksum)
+        if not self.exists(full):
+            raise SourceNotFoundError(f"No file with checksum {full} in dataset {self.dataset!r}")
+        prefix = cv.archive_dir(self.dataset, full) + "/"
+        names = (p[len(prefix) :] for p in self.store.list(prefix))
+        return sorted(
+            n.removesuffix(cv.TEXT_SUFFIX)
+            for n in names
+            if "/" not in n and n.endswith(cv.TEXT_SUFFIX)
+        )

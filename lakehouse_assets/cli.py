@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.entities import read_statements_csv
-from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.errors import InvalidInputError, LakehouseError
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.settings import Settings
 
@@ -270,7 +270,7 @@ def datasets_create(obj: Context, name: str, title: str | None, summary: str | N
 
 @cli.group()
 def archive() -> None:
-    """Source files: add, get, cat, ls, delete."""
+    """Source files: add, get, cat, ls, delete, and their extracted text."""
 
 
 @archive.command("add")
@@ -572,32 +572,14 @@ def status_cmd(obj: Context, as_json: bool) -> None:
     Example:
       lakehouse -d my_dataset status
     """
-    from lakehouse_assets.exports import EXPORTS, dependencies
+    from lakehouse_assets.freshness import freshness
     from lakehouse_assets.jobs import list_runs
 
     ds = obj.dataset()
-    tags = ds.core_tags
     pending = ds.journal.count(ds.name)
     snapshot = ds.snapshot()
     main = ds.statements_table.table()
-    exports: dict[str, dict[str, Any]] = {}
-    for kind, (path, tag, _) in EXPORTS.items():
-        stamp = tags.get(tag)
-        reasons = []
-        if not ds.store.exists(cv.dataset_path(ds.name, path)):
-            reasons.append("not written yet")
-        for dep in dependencies(kind):
-            value = tags.get(dep)
-            if value is not None and (stamp is None or value > stamp):
-                reasons.append(f"{dep} is newer")
-        if pending:
-            reasons.append(f"{pending} journal rows wait for a flush")
-        exports[kind] = {
-            "path": path,
-            "fresh": not reasons,
-            "why": "; ".join(reasons) or "newer than everything it depends on",
-            "stamp": stamp.isoformat() if stamp else None,
-        }
+    exports = {kind: state.as_dict() for kind, state in freshness(ds, pending).items()}
     jobs: dict[str, dict[str, Any]] = {}
     for name in sorted(ds.store.list_dirs(cv.dataset_path(ds.name, "jobs", "runs"))):
         runs = list_runs(ds.store, ds.name, name)
@@ -608,23 +590,6 @@ def status_cmd(obj: Context, as_json: bool) -> None:
                 "last": last.started_at.isoformat(timespec="seconds"),
                 "status": last.status,
             }
-    from lakehouse_assets import graph, graph_exports
-
-    built = graph.status(ds)
-    if built["built"]:
-        current = bool(built["current"])
-        exports["graph"] = {
-            "path": cv.GRAPH_STATE,
-            "fresh": current,
-            "why": f"{built['edges']:,} edges; "
-            + ("reflects the latest tables" if current else "the tables changed since its update"),
-        }
-        cypher = graph_exports.is_fresh(ds)
-        exports["graph_cypher"] = {
-            "path": cv.GRAPH_CYPHER,
-            "fresh": cypher,
-            "why": "newer than entities.ftm.json" if cypher else "older than entities.ftm.json",
-        }
     state = ds.lock().state()
     lock = f"held: {state.describe()}" if state.held else state.problem or "free"
     # the tenants' operation locks (locks/{tenant}/{operation}): those held now
@@ -642,6 +607,7 @@ def status_cmd(obj: Context, as_json: bool) -> None:
     report = {
         "dataset": ds.name,
         "journal_pending": pending,
+        "queue_pending": ds.queue.pending_count(),
         "statements_version": {"published": snapshot.statements.version, "latest": latest},
         "translog_version": snapshot.translog.version,
         "version": None if head is None else {"sequence": head.sequence, "hash": head.hash},
@@ -655,6 +621,7 @@ def status_cmd(obj: Context, as_json: bool) -> None:
         return
     click.echo(f"dataset {ds.name}")
     click.echo(f"  journal: {pending} rows waiting for a flush")
+    click.echo(f"  queue: {report['queue_pending']} actions waiting")
     click.echo(
         f"  statements table: v{snapshot.statements.version} published"
         f" (latest v{latest}); translog v{snapshot.translog.version}"
@@ -1434,6 +1401,311 @@ def spark_status(obj: Context, port: int | None) -> None:
     click.echo(_server_line(info))
     if not info.running:
         sys.exit(1)
+
+
+# --- extracted text -----------------------------------------------------------
+
+
+@archive.group("text")
+def archive_text() -> None:
+    """Text extracted from archived files, one per engine: put, get, ls."""
+
+
+def _read_utf8(path: str, dataset: str) -> str:
+    """A text file (or stdin for -) as a string; InvalidInputError if it is not UTF-8."""
+    if path == "-":
+        data, source = sys.stdin.buffer.read(), "<stdin>"
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise click.BadParameter(f"no such file: {path}", param_hint="FILE")
+        data, source = p.read_bytes(), str(p)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(
+            f"not UTF-8 ({exc.reason} at byte {exc.start}): extracted text must be UTF-8",
+            dataset=dataset,
+            source=source,
+        ) from None
+
+
+ENGINE_OPTION = click.option(
+    "--engine",
+    "-e",
+    required=True,
+    help="The extraction engine (tika, ocr, pdftotext...): the text is stored as {ENGINE}.txt.",
+)
+
+
+@archive_text.command("put")
+@click.argument("checksum")
+@click.argument("path", default="-", required=False, metavar="[FILE|-]")
+@ENGINE_OPTION
+@pass_ctx
+def archive_text_put(obj: Context, checksum: str, path: str, engine: str) -> None:
+    """Store the text ENGINE extracted from an archived file (UTF-8, from FILE or stdin).
+
+    CHECKSUM is the file's SHA-256 or a unique prefix; the engine's earlier
+    text is replaced.
+
+    \b
+    Example:
+      lakehouse -d my_dataset archive text put 3f2a9c01b7d4 --engine tika report.txt
+      pdftotext report.pdf - | lakehouse -d my_dataset archive text put 3f2a9c01b7d4 -e pdftotext
+    """
+    ds = obj.dataset()
+    text = _read_utf8(path, ds.name)
+    full = ds.archive.put_text(checksum, engine, text)
+    click.echo(f"stored {len(text):,} characters of {engine} text for {full}", err=True)
+
+
+@archive_text.command("get")
+@click.argument("checksum")
+@ENGINE_OPTION
+@pass_ctx
+def archive_text_get(obj: Context, checksum: str, engine: str) -> None:
+    """Print the text ENGINE extracted from an archived file.
+
+    \b
+    Example:
+      lakehouse -d my_dataset archive text get 3f2a9c01b7d4 --engine tika > report.txt
+    """
+    click.echo(obj.dataset().archive.get_text(checksum, engine), nl=False)
+
+
+@archive_text.command("ls")
+@click.argument("checksum")
+@JSON_OPTION
+@pass_ctx
+def archive_text_ls(obj: Context, checksum: str, as_json: bool) -> None:
+    """The engines that have text for an archived file, with its size.
+
+    \b
+    Example:
+      lakehouse -d my_dataset archive text ls 3f2a9c01b7d4
+    """
+    ds = obj.dataset()
+    full = ds.archive.resolve(checksum)
+    rows: list[dict[str, Any]] = [
+        {
+            "checksum": full,
+            "engine": engine,
+            "bytes": ds.store.size(cv.archive_text(ds.name, full, engine)),
+        }
+        for engine in ds.archive.texts(full)
+    ]
+    if as_json or not sys.stdout.isatty():
+        for row in rows:
+            _echo_json(row)
+        return
+    if not rows:
+        click.echo(f"no extracted text for {full}", err=True)
+        return
+    click.echo(f"{'engine':<24} {'size':>10}")
+    for row in rows:
+        click.echo(f"{row['engine']:<24} {_size(row['bytes']):>10}")
+
+
+# --- catalog config.yml ---------------------------------------------------------
+
+
+def _hide_password(url: str | None) -> str | None:
+    if not url:
+        return url
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+@cli.group("config")
+def config_group() -> None:
+    """The lake's catalog config.yml."""
+
+
+@config_group.command("show")
+@JSON_OPTION
+@pass_ctx
+def config_show(obj: Context, as_json: bool) -> None:
+    """Print the catalog config.yml and the settings it fills, with where each
+    value comes from: argument > environment > config.yml > default.
+
+    An invalid config.yml is an error naming the file and the problem.
+
+    \b
+    Example:
+      lakehouse --lake ./lake config show
+    """
+    from lakehouse_assets.catalog import CatalogConfig
+
+    lake = obj.lake
+    config = lake.catalog_config or CatalogConfig()
+    shown = config.model_dump(mode="json")
+    shown["journal_url"] = _hide_password(shown["journal_url"])
+    effective = {
+        "journal_url": _hide_password(lake.settings.resolved_journal_url()),
+        "vacuum_retention_hours": lake.settings.vacuum_retention_hours,
+    }
+    sources = {
+        name: {"value": value, "source": lake.setting_sources.get(name, "default")}
+        for name, value in effective.items()
+    }
+    report = {
+        "path": lake.store.full_uri(cv.CATALOG_CONFIG),
+        "exists": lake.catalog_config is not None,
+        "config": shown,
+        "effective": sources,
+    }
+    if as_json or not sys.stdout.isatty():
+        _echo_json(report)
+        return
+    click.echo(f"catalog config  {report['path']}" + ("" if report["exists"] else " (none yet)"))
+    click.echo(f"  name          {config.name}")
+    click.echo(f"  title         {config.title or '-'}")
+    for name, value in sorted(config.dataset_defaults.items()):
+        click.echo(f"  dataset default {name}: {json.dumps(value, default=str)}")
+    for name, info in sources.items():
+        click.echo(f"  {name:<24} {info['value']}  ({info['source']})")
+
+
+# --- queue ----------------------------------------------------------------------
+
+
+@cli.group("queue")
+def queue_group() -> None:
+    """Queued actions of tenants on entities and files: push, ls, consume."""
+
+
+@queue_group.command("push")
+@click.argument("action", type=click.Choice(["UPSERT", "DELETE"], case_sensitive=False))
+@click.argument("resource", type=click.Choice(["entity", "file"], case_sensitive=False))
+@click.argument("payload", default="-", required=False, metavar="[PAYLOAD_JSON|-]")
+@pass_ctx
+def queue_push(obj: Context, action: str, resource: str, payload: str) -> None:
+    """Queue an action as the tenant of --tenant; print the item as JSON.
+
+    \b
+    Payloads (JSON; - reads stdin):
+      UPSERT entity  an FtM entity, or {"entity": {...}, "origin": "..."}
+      DELETE entity  {"entity_id": "...", "origin": "..."}   (origin optional)
+      UPSERT file    {"uri": "path|s3://|https://", "checksum"?, "key"?, "document"?: true}
+      DELETE file    {"file_id": "...", "checksum"?: "..."}
+
+    \b
+    Example:
+      lakehouse --tenant my_app -d my_dataset queue push UPSERT entity \\
+        '{"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}}'
+      echo '{"uri": "s3://bucket/a.pdf"}' | lakehouse -d my_dataset queue push UPSERT file -
+    """
+    ds = obj.dataset()
+    source = "<stdin>" if payload == "-" else None
+    text = payload
+    if payload == "-":
+        try:
+            text = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInputError(
+                f"payload is not UTF-8 ({exc.reason} at byte {exc.start})",
+                dataset=ds.name,
+                source=source,
+            ) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(
+            f"payload is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
+            dataset=ds.name,
+            source=source,
+        ) from None
+    item = ds.queue.push(action, resource, data)
+    click.echo(item.model_dump_json())
+    click.echo(
+        f"queued {item.action} {item.resource} {item.summary()} as {item.tenant}/{item.id}",
+        err=True,
+    )
+
+
+@queue_group.command("ls")
+@click.option("--tenant", "tenant", default=None, help="Only this tenant's items (default: all).")
+@click.option(
+    "--all", "show_all", is_flag=True, help="Also the items done and those set aside as failed."
+)
+@JSON_OPTION
+@pass_ctx
+def queue_ls(obj: Context, tenant: str | None, show_all: bool, as_json: bool) -> None:
+    """The queue's pending items in the order they will be applied (UUID7: time).
+
+    \b
+    Example:
+      lakehouse -d my_dataset queue ls
+      lakehouse -d my_dataset queue ls --tenant my_app --all --json | jq .error
+    """
+    ds = obj.dataset()
+    entries = ds.queue.list(tenant, state="all" if show_all else "pending")
+    if as_json or not sys.stdout.isatty():
+        for entry in entries:
+            _echo_json(entry.as_dict())
+        return
+    if not entries:
+        click.echo(
+            f"the queue of {ds.name} is empty" + (" (pending)" if not show_all else ""), err=True
+        )
+        return
+    click.echo(f"{'id':<36}  {'tenant':<14} {'state':<8} {'action':<7} {'resource':<8} subject")
+    for entry in entries:
+        info = entry.as_dict()
+        subject = info["subject"] or ""
+        if entry.error:
+            subject = f"{subject}  ({one_line(entry.error)[:80]})".strip()
+        click.echo(
+            f"{entry.id:<36}  {entry.tenant:<14} {entry.state:<8} {info['action'] or '?':<7} "
+            f"{info['resource'] or '?':<8} {subject}"
+        )
+
+
+@queue_group.command("consume")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Apply at most this many items."
+)
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds to wait for another consumer of this dataset to finish.",
+)
+@JSON_OPTION
+@pass_ctx
+def queue_consume(obj: Context, limit: int | None, wait: float, as_json: bool) -> None:
+    """Apply the pending items of every tenant now, in UUID7 order, each exactly once.
+
+    Bad items are set aside (queue/_failed/) and reported; an error that may
+    pass (an unreachable source) stops before its item, which stays pending
+    (exit 1).
+
+    \b
+    Example:
+      lakehouse -d my_dataset queue consume
+    """
+    result = obj.dataset().queue.consume(limit=limit, wait=wait)
+    data = result.as_dict()
+    if as_json or not sys.stdout.isatty():
+        _echo_json(data)
+    else:
+        click.echo(
+            f"applied {result.applied}, recovered {result.recovered}, "
+            f"failed {len(result.failed)}, pending {result.remaining} ({result.seconds:.1f} s)"
+        )
+    for failed in result.failed:
+        click.echo(f"failed {failed['tenant']}/{failed['id']}: {failed['error']}", err=True)
+    if result.stopped:
+        raise click.ClickException(
+            f"the queue stopped at {result.stopped}; the item stays pending: consume again later"
+        )
 
 
 def main() -> None:

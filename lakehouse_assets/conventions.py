@@ -28,7 +28,8 @@ validated here *before* a path is built, so nothing can escape the lake
         ├── diffs/entities.ftm.json/{snapshot_id}.delta.json           entity changes
         ├── locks/{tenant}/{operation}
         ├── tags/{tenant}/{key}
-        ├── queue/{tenant}/{uuid7}.json
+        ├── queue/{tenant}/{uuid7}.json  pending queue items (UPSERT/DELETE × entity/file)
+        ├── queue/_done/{tenant}/{uuid7}.json, queue/_failed/{tenant}/{uuid7}.json
         ├── jobs/runs/{job_type}/{timestamp}.json
         ├── graph/by_source/prop={prop}/*.parquet  Delta table: edges sorted by source
         ├── graph/by_target/prop={prop}/*.parquet  Delta table: edges sorted by target
@@ -66,6 +67,11 @@ ORIGIN: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@\-]{0,254}$")
 LAKEHOUSE_TENANT: Final = "lakehouse"
 #: Origin used when a tenant does not name one.
 DEFAULT_ORIGIN: Final = "default"
+#: Queue item ids: RFC 9562 UUIDv7 in canonical lowercase form, so that their
+#: string order is their time order.
+QUEUE_ITEM_ID: Final = re.compile(
+    r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
+)
 
 
 def _check(kind: str, value: object, pattern: re.Pattern[str], hint: str) -> str:
@@ -132,6 +138,21 @@ def origin(value: object) -> str:
     """Validate an origin (becomes the ``origin=`` partition of the table)."""
     return _check(
         "origin",
+        value,
+        ORIGIN,
+        "use letters, digits, '_', '.', ':', '@', '-' (no '/')",
+    )
+
+
+def queue_item_id(value: object) -> str:
+    """Validate a queue item id (a lowercase UUIDv7)."""
+    return _check("queue item id", value, QUEUE_ITEM_ID, "expected a lowercase UUIDv7")
+
+
+def text_engine(value: object) -> str:
+    """Validate the name of a text extraction engine (the ``{origin}`` of ``{origin}.txt``)."""
+    return _check(
+        "text engine",
         value,
         ORIGIN,
         "use letters, digits, '_', '.', ':', '@', '-' (no '/')",
@@ -225,9 +246,13 @@ def archive_meta(dataset: str, sha256: str, fid: str) -> str:
     return f"{archive_dir(dataset, sha256)}/{file_id(fid)}.json"
 
 
+#: Suffix of extracted text files in an archive folder (``{origin}.txt``).
+TEXT_SUFFIX: Final = ".txt"
+
+
 def archive_text(dataset: str, sha256: str, engine_origin: str) -> str:
     """Path of text extracted from a file by one engine."""
-    return f"{archive_dir(dataset, sha256)}/{origin(engine_origin)}.txt"
+    return f"{archive_dir(dataset, sha256)}/{text_engine(engine_origin)}{TEXT_SUFFIX}"
 
 
 def mapping_config(dataset: str, content_hash: str) -> str:
@@ -270,8 +295,36 @@ def job_run_path(dataset: str, kind: str, ts: datetime | None = None) -> str:
     return dataset_path(dataset, JOB_RUNS, job_type(kind), f"{path_timestamp(ts)}.json")
 
 
+#: Folders of ``queue/`` for items applied and items set aside; a tenant name
+#: never starts with ``_``, so they can never be a tenant's folder.
+QUEUE_DONE: Final = "_done"
+QUEUE_FAILED: Final = "_failed"
+
+
 def queue_item(dataset: str, tenant: str, item_id: str) -> str:
+    """``{dataset}/queue/{tenant}/{uuid7}.json``: a pending item."""
     return dataset_path(dataset, QUEUE, tenant_name(tenant), f"{file_id(item_id)}.json")
+
+
+def queue_prefix(dataset: str, tenant: str | None = None) -> str:
+    """``{dataset}/queue/`` or, with a tenant, ``{dataset}/queue/{tenant}/``."""
+    if tenant is None:
+        return dataset_path(dataset, QUEUE) + "/"
+    return dataset_path(dataset, QUEUE, tenant_name(tenant)) + "/"
+
+
+def queue_done(dataset: str, tenant: str, item_id: str) -> str:
+    """``{dataset}/queue/_done/{tenant}/{uuid7}.json``: the record of an applied item."""
+    return dataset_path(
+        dataset, QUEUE, QUEUE_DONE, tenant_name(tenant), f"{queue_item_id(item_id)}.json"
+    )
+
+
+def queue_failed(dataset: str, tenant: str, item_id: str) -> str:
+    """``{dataset}/queue/_failed/{tenant}/{uuid7}.json``: an item set aside, with its error."""
+    return dataset_path(
+        dataset, QUEUE, QUEUE_FAILED, tenant_name(tenant), f"{queue_item_id(item_id)}.json"
+    )
 
 
 # --- tags -------------------------------------------------------------------

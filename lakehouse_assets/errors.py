@@ -106,5 +106,13 @@ class ConfigurationError(LakehouseError):
     """The environment or settings are incomplete (missing Java, bad URI...)."""
 
 
+class InvalidConfigError(ConfigurationError, ValueError):
+    """A configuration file of the lake (``config.yml``) cannot be used.
+
+    The message names the file and every problem in it (YAML syntax with its
+    line, an unknown key, a value of the wrong type).
+    """
+
+
 class MissingDependencyError(ConfigurationError, ImportError):
     """An optional dependency is missing; the message names the install line."""

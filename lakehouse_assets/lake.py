@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -30,6 +31,12 @@ from sqlalchemy.engine import Connection, RootTransaction
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.archive import Archive, FileMeta
+from lakehouse_assets.catalog import (
+    CatalogConfig,
+    Source,
+    apply_catalog_config,
+    load_catalog_config,
+)
 from lakehouse_assets.delta import DeltaLocation
 from lakehouse_assets.entities import (
     check_statement,
@@ -59,11 +66,17 @@ if TYPE_CHECKING:
     from lakehouse_assets.flush import FlushResult
     from lakehouse_assets.maintenance import CompactResult, OptimizeResult
     from lakehouse_assets.mappings import MappingResult, StoredMapping
+    from lakehouse_assets.queue import Queue
     from lakehouse_assets.versions import VerifyReport, Version
 
 
 class Lakehouse:
-    """A lake at a URI (local folder or ``s3://``) with its journal."""
+    """A lake at a URI (local folder or ``s3://``) with its journal.
+
+    The lake's catalog ``config.yml`` (:mod:`lakehouse_assets.catalog`) fills
+    the settings neither an argument nor the environment set (the journal
+    URL, vacuum retention); ``setting_sources`` says where each came from.
+    """
 
     def __init__(
         self,
@@ -84,6 +97,13 @@ class Lakehouse:
         self.settings = base.model_copy(update=updates)
         self.tenant = cv.tenant_name(self.settings.tenant)
         self.store: Store = open_store(self.settings)
+        #: The catalog config.yml (None: the lake has none yet).
+        self.catalog_config: CatalogConfig | None = load_catalog_config(self.store)
+        self.settings, sources = apply_catalog_config(
+            self.settings, self.catalog_config, explicit=set(updates)
+        )
+        #: Where the settings the catalog config may fill came from.
+        self.setting_sources: dict[str, Source] = sources
 
     @cached_property
     def journal(self) -> Journal:
@@ -103,12 +123,18 @@ class Lakehouse:
         return names
 
     def create_dataset(self, name: str, *, title: str | None = None, **fields: Any) -> Dataset:
-        """Create a dataset (idempotent: an existing config is updated)."""
+        """Create a dataset (idempotent: an existing config is updated).
+
+        A new dataset starts from the catalog config.yml's ``dataset_defaults``;
+        the fields given here win over them.
+        """
         name = cv.dataset_name(name)
         path = cv.dataset_path(name, cv.CONFIG)
         current: dict[str, Any] = {}
         if self.store.exists(path):
             current = yaml.safe_load(self.store.read_text(path)) or {}
+        elif self.catalog_config is not None:
+            current = copy.deepcopy(self.catalog_config.dataset_defaults)
         current.update({k: v for k, v in fields.items() if v is not None})
         current["name"] = name
         current["title"] = title or current.get("title") or name
@@ -267,6 +293,13 @@ class Dataset:
             operation,
             self.settings.lock_ttl_seconds,
         )
+
+    @cached_property
+    def queue(self) -> Queue:
+        """The dataset's action queue (``queue/{tenant}/{uuid7}.json``, see :mod:`queue`)."""
+        from lakehouse_assets.queue import Queue
+
+        return Queue(self)
 
     def job(self, job_type: str) -> AbstractContextManager[JobRecorder]:
         """Record a run of ``job_type`` under ``jobs/runs/``."""

@@ -14,6 +14,7 @@ from lakehouse_assets import Lakehouse, Settings
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import (
     ChecksumMismatchError,
+    InvalidInputError,
     InvalidNameError,
     SourceNotFoundError,
     SourceUnreachableError,
@@ -186,3 +187,55 @@ def test_document_entity_goes_to_the_journal(lake: Lakehouse, source: Path) -> N
     assert {s.schema for s in stmts} == {"Document"}
     assert {s.origin for s in stmts} == {"archive"}
     assert ds.core_tags.get(cv.JOURNAL_LAST_UPDATED) is not None
+
+
+# --- extracted text ----------------------------------------------------------------
+
+
+def test_extracted_text_one_per_engine(lake: Lakehouse, source: Path) -> None:
+    ds = lake.create_dataset("texts")
+    meta = ds.add_file(str(source))
+    assert ds.archive.texts(meta.checksum) == []
+    full = ds.archive.put_text(meta.checksum[:8], "tika", "héllo lakehouse — ünïcode\n")
+    assert full == meta.checksum
+    ds.archive.put_text(meta.checksum, "ocr", "hello 1akehouse")
+    assert ds.archive.texts(meta.checksum[:10]) == ["ocr", "tika"]
+    assert ds.archive.get_text(meta.checksum, "tika") == "héllo lakehouse — ünïcode\n"
+    path = cv.archive_text("texts", meta.checksum, "tika")
+    assert lake.store.read_bytes(path) == "héllo lakehouse — ünïcode\n".encode()
+    # replacing an engine's text; text files are not file metadata
+    ds.archive.put_text(meta.checksum, "ocr", "hello lakehouse")
+    assert ds.archive.get_text(meta.checksum, "ocr") == "hello lakehouse"
+    assert [m.file_id for m in ds.archive.list()] == [meta.file_id]
+    # deleting the last metadata keeps the blob, so its text stays with it
+    ds.archive.delete(meta.file_id)
+    assert ds.archive.exists(meta.checksum)
+    assert ds.archive.texts(meta.checksum) == ["ocr", "tika"]
+    assert ds.archive.get_text(meta.checksum, "ocr") == "hello lakehouse"
+
+
+def test_extracted_text_errors_name_dataset_checksum_and_engine(
+    lake: Lakehouse, source: Path
+) -> None:
+    ds = lake.create_dataset("texts")
+    meta = ds.add_file(str(source))
+    with pytest.raises(SourceNotFoundError) as missing:
+        ds.archive.get_text(meta.checksum, "ocr")
+    message = str(missing.value)
+    assert "'ocr'" in message and meta.checksum in message and "'texts'" in message
+    ds.archive.put_text(meta.checksum, "tika", "x")
+    with pytest.raises(SourceNotFoundError, match="engines with text: tika"):
+        ds.archive.get_text(meta.checksum, "ocr")
+    unknown = "f" * 64
+    with pytest.raises(SourceNotFoundError, match="archive the file before adding its text"):
+        ds.archive.put_text(unknown, "tika", "x")
+    with pytest.raises(SourceNotFoundError, match=f"No file with checksum {unknown}"):
+        ds.archive.texts(unknown)
+    for bad in ("../config", "a/b", "", ".hidden", "x\x00"):
+        with pytest.raises(InvalidNameError, match="Invalid text engine"):
+            ds.archive.put_text(meta.checksum, bad, "x")
+        with pytest.raises(InvalidNameError):
+            ds.archive.get_text(meta.checksum, bad)
+    with pytest.raises(InvalidInputError, match="not valid Unicode"):
+        ds.archive.put_text(meta.checksum, "ocr", "bad \udcff surrogate")
+    assert ds.archive.texts(meta.checksum) == ["tika"]

@@ -1,0 +1,189 @@
+"""The catalog's ``config.yml``: lake-wide defaults every process of the lake shares.
+
+``{lake}/config.yml`` lives with the data, so the CLI on a laptop, a Dagster
+code location and a tenant's script opening the same lake agree on where its
+journal is and how long vacuum keeps old files, without each setting the same
+environment. Example::
+
+    name: catalog
+    title: Investigations
+    dataset_defaults:
+      publisher: {name: ACME Research, url: https://acme.example.org}
+      license: https://creativecommons.org/licenses/by/4.0/
+    journal_url: postgresql://lake@db.internal/journal
+    retention:
+      vacuum_retention_hours: 336
+
+Every value is resolved with the same precedence (the first that is set wins):
+
+1. an explicit argument (``Lakehouse(journal_url=...)``, the CLI's ``--journal-url``,
+   a Dagster resource's field; keyword arguments to ``create_dataset``);
+2. the environment (``LAKEHOUSE_JOURNAL_URL``, ``LAKEHOUSE_VACUUM_RETENTION_HOURS``,
+   or ``./lakehouse.env``) and ``Settings`` fields set in code;
+3. the catalog ``config.yml``;
+4. the built-in default (:class:`~lakehouse_assets.settings.Settings`).
+
+A config.yml that is not valid YAML, has an unknown key or a value of the
+wrong type stops every command with :class:`~lakehouse_assets.errors.InvalidConfigError`
+naming the file and each problem: a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import yaml
+from followthemoney.dataset.dataset import DatasetModel
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets.errors import InvalidConfigError, SourceNotFoundError
+from lakehouse_assets.settings import Settings
+from lakehouse_assets.storage import Store
+
+#: Fields of a dataset's metadata (``DatasetModel``) the catalog may default:
+#: descriptive ones. Name and title are the dataset's own; counts, dates and
+#: children are computed.
+DATASET_DEFAULT_FIELDS: tuple[str, ...] = tuple(
+    name
+    for name in DatasetModel.model_fields
+    if name
+    not in ("name", "title", "children", "updated_at", "last_export", "entity_count", "thing_count")
+)
+
+#: Where a setting's value came from (see the precedence in the module docstring).
+Source = Literal["argument", "environment", "config.yml", "default"]
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """``retention.vacuum_retention_hours: Input should be a valid integer; ...``."""
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"]) or "(top level)"
+        message = error["msg"]
+        value = error.get("input")
+        if error["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif error["type"] != "missing" and isinstance(value, str | int | float | bool):
+            message = f"{message} (got {value!r})"
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)
+
+
+class RetentionConfig(BaseModel):
+    """How long the lake keeps what it no longer needs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vacuum_retention_hours: int | None = Field(
+        default=None,
+        ge=0,
+        description="vacuum keeps files a version younger than this still needs "
+        "(LAKEHOUSE_VACUUM_RETENTION_HOURS overrides it).",
+    )
+
+
+class CatalogConfig(BaseModel):
+    """The catalog ``config.yml`` of a lake.
+
+    Precedence of every value, the first set wins: explicit argument >
+    environment variable (``LAKEHOUSE_*``, ``./lakehouse.env``) > this file >
+    built-in default. ``dataset_defaults`` apply when a dataset is created
+    and the caller did not give the field; an existing dataset's config.yml
+    is never rewritten from them.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(default="catalog", description="Name of the catalog.")
+    title: str | None = Field(default=None, description="Human-readable title of the catalog.")
+    dataset_defaults: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Dataset metadata fields (publisher, license, summary, ...) a new "
+        "dataset gets unless its creator gives them.",
+    )
+    journal_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL of the lake's journal (LAKEHOUSE_JOURNAL_URL and "
+        "--journal-url override it).",
+    )
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+
+    @field_validator("dataset_defaults")
+    @classmethod
+    def _dataset_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - set(DATASET_DEFAULT_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"unknown dataset field(s) {', '.join(unknown)} "
+                f"(allowed: {', '.join(DATASET_DEFAULT_FIELDS)})"
+            )
+        try:
+            DatasetModel.model_validate({"name": "defaults", "title": "defaults", **value})
+        except ValidationError as exc:
+            raise ValueError(describe_errors(exc)) from None
+        return value
+
+
+def parse_catalog_config(text: str, where: str) -> CatalogConfig:
+    """Read ``config.yml`` text; ``InvalidConfigError`` naming ``where`` and the problem."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InvalidConfigError(f"{where}: not valid YAML{line}: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise InvalidConfigError(
+            f"{where}: expected a mapping of settings, got {type(raw).__name__}"
+        )
+    try:
+        return CatalogConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidConfigError(f"{where}: {describe_errors(exc)}") from None
+
+
+def load_catalog_config(store: Store) -> CatalogConfig | None:
+    """The lake's catalog ``config.yml``, or None when the lake has none."""
+    where = store.full_uri(cv.CATALOG_CONFIG)
+    try:
+        data = store.read_bytes(cv.CATALOG_CONFIG)
+    except SourceNotFoundError:
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidConfigError(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    return parse_catalog_config(text, where)
+
+
+def apply_catalog_config(
+    settings: Settings, config: CatalogConfig | None, explicit: set[str]
+) -> tuple[Settings, dict[str, Source]]:
+    """``settings`` with the config's values where neither an argument nor the
+    environment set them, and where each value came from."""
+    values: dict[str, Any] = {"journal_url": None, "vacuum_retention_hours": None}
+    if config is not None:
+        values = {
+            "journal_url": config.journal_url,
+            "vacuum_retention_hours": config.retention.vacuum_retention_hours,
+        }
+    updates: dict[str, Any] = {}
+    sources: dict[str, Source] = {}
+    for field, value in values.items():
+        if field in explicit:
+            sources[field] = "argument"
+        elif field in settings.model_fields_set:
+            sources[field] = "environment"
+        elif value is not None:
+            updates[field] = value
+            sources[field] = "config.yml"
+        else:
+            sources[field] = "default"
+    if updates:
+        # model_copy marks the fields as set: nothing downstream re-applies defaults
+        settings = settings.model_copy(update=updates)
+    return settings, sources

@@ -1,0 +1,86 @@
+"""Is each derived file of a dataset fresh, and if not, why: the specification's rule.
+
+An export is fresh when it exists, its tag is newer than every tag it depends
+on (``statements/last_updated``, ``journal/last_updated``; the index also on
+``exports/statistics``) and the journal holds no row waiting for a flush. The
+graph index is fresh when it reflects the current table versions; its Cypher
+export when it is newer than ``entities.ftm.json``.
+
+Reading it costs a few tag reads and one journal count: ``lakehouse status``,
+the Dagster freshness check and its sensor use it on every dataset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from lakehouse_assets import conventions as cv
+
+if TYPE_CHECKING:
+    from lakehouse_assets.lake import Dataset
+
+#: The graph index and its exports, beside the exports of :data:`exports.EXPORTS`.
+GRAPH = "graph"
+GRAPH_CYPHER = "graph_cypher"
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """One derived file's state under the freshness rule."""
+
+    path: str
+    fresh: bool
+    why: str
+    stamp: datetime | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["stamp"] = self.stamp.isoformat() if self.stamp else None
+        return data
+
+
+def freshness(ds: Dataset, pending: int | None = None) -> dict[str, Freshness]:
+    """Each export's (and the graph index's, once built) freshness, by export kind.
+
+    ``pending`` is the journal's row count when the caller has it already.
+    """
+    from lakehouse_assets import graph, graph_exports
+    from lakehouse_assets.exports import EXPORTS, dependencies
+
+    tags = ds.core_tags
+    if pending is None:
+        pending = ds.journal.count(ds.name)
+    found: dict[str, Freshness] = {}
+    for kind, (path, tag, _) in EXPORTS.items():
+        stamp = tags.get(tag)
+        reasons = []
+        if not ds.store.exists(cv.dataset_path(ds.name, path)):
+            reasons.append("not written yet")
+        for dep in dependencies(kind):
+            value = tags.get(dep)
+            if value is not None and (stamp is None or value > stamp):
+                reasons.append(f"{dep} is newer")
+        if pending:
+            reasons.append(f"{pending} journal rows wait for a flush")
+        found[kind] = Freshness(
+            path, not reasons, "; ".join(reasons) or "newer than everything it depends on", stamp
+        )
+    built = graph.status(ds)
+    if built["built"]:
+        current = bool(built["current"])
+        found[GRAPH] = Freshness(
+            cv.GRAPH_STATE,
+            current,
+            f"{built['edges']:,} edges; "
+            + ("reflects the latest tables" if current else "the tables changed since its update"),
+        )
+        cypher = graph_exports.is_fresh(ds)
+        found[GRAPH_CYPHER] = Freshness(
+            cv.GRAPH_CYPHER,
+            cypher,
+            "newer than entities.ftm.json" if cypher else "older than entities.ftm.json",
+            tags.get(cv.EXPORTS_GRAPH),
+        )
+    return found
