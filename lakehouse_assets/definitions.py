@@ -7,24 +7,36 @@
 - automation: the executable assets materialize by ``AutomationCondition.eager()``,
   evaluated by the ``lakehouse_automation`` sensor;
 - sensors: new datasets, archive files, journal writes (``defs.sensors``),
-  mapping changes (``defs.ingest``);
-- jobs and schedules: ``refresh_dataset`` (the whole chain for one dataset,
-  what ``make demo`` runs), nightly optimize, weekly compact
-  (``defs.maintenance``), archive Document entities, crawl (``defs.ingest``).
+  mapping changes (``defs.ingest``), queued actions (``defs.queue``), the
+  per-dataset freshness check (``defs.freshness``);
+- jobs and schedules: ``refresh_dataset`` (the whole chain; what ``make demo``
+  runs; ``daily_refresh``), the ``optimize`` and ``compact`` maintenance assets
+  with their schedules (``defs.maintenance``), archive Document entities,
+  crawl (``defs.ingest``);
+- resources: the lake (with dagster-aws's S3 resource for ``s3://`` lakes,
+  credentials as ``dg.EnvVar``) and dagster-pyspark's Spark resource
+  (``defs.resources``).
 
 Every job runs in one process (in-process executor), so a run starts one
-Spark session and all its steps share it. Runs of one dataset never overlap:
-``dagster_home/dagster.yaml`` limits queued runs to one per partition.
+Spark session and all its steps share it; a run may cover many datasets
+(single-run backfills, the schedules: ``defs.batch``). Runs of one dataset
+never overlap: ``dagster_home/dagster.yaml`` limits queued runs to one per
+partition, and the lake's locks serialize writers of a dataset's tables.
 """
 
 import dagster as dg
 
 from lakehouse_assets.defs.assets import ASSETS
 from lakehouse_assets.defs.checks import CHECKS
+from lakehouse_assets.defs.freshness import CHECKS as FRESHNESS_CHECKS
+from lakehouse_assets.defs.freshness import SENSORS as FRESHNESS_SENSORS
 from lakehouse_assets.defs.ingest import JOBS as INGEST_JOBS
 from lakehouse_assets.defs.ingest import SENSORS as INGEST_SENSORS
-from lakehouse_assets.defs.maintenance import JOBS, SCHEDULES
-from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
+from lakehouse_assets.defs.maintenance import ASSETS as MAINTENANCE
+from lakehouse_assets.defs.maintenance import JOBS, SCHEDULES, all_datasets
+from lakehouse_assets.defs.queue import JOBS as QUEUE_JOBS
+from lakehouse_assets.defs.queue import SENSORS as QUEUE_SENSORS
+from lakehouse_assets.defs.resources import LakehouseResource, SparkResource, s3_from_env
 from lakehouse_assets.defs.sensors import SENSORS, archive_documents
 from lakehouse_assets.settings import Settings
 
@@ -43,24 +55,41 @@ COMPUTED = dg.AssetSelection.assets(
 refresh_dataset = dg.define_asset_job(
     "refresh_dataset",
     selection=COMPUTED,
-    description="Flush the journal, write the exports and the index of one dataset "
-    "(fresh exports are kept).",
+    description="Flush the journal, write the exports, the graph index and the index of the "
+    "selected datasets, in one run (fresh exports are kept).",
 )
+
+
+@dg.schedule(
+    job=refresh_dataset,
+    cron_schedule="0 3 * * *",
+    execution_timezone="UTC",
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Every day: the whole chain for every dataset, in one run (cheap when "
+    "nothing changed: nothing to flush, fresh exports kept).",
+)
+def daily_refresh(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+    return all_datasets(context, "refresh")
+
+
+#: Run tags of every automation run (Dagster adds dagster/partition: the dataset).
+AUTOMATION_TAGS = {"lakehouse/trigger": "automation", "lakehouse/job": "refresh_dataset"}
 
 automation = dg.AutomationConditionSensorDefinition(
     "lakehouse_automation",
     target=COMPUTED,
+    run_tags=AUTOMATION_TAGS,
     default_status=dg.DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=Settings().sensor_interval_seconds,
     description="Materializes the chain when the journal or archive of a dataset changed.",
 )
 
 defs = dg.Definitions(
-    assets=ASSETS,
-    asset_checks=CHECKS,
-    jobs=[refresh_dataset, archive_documents, *INGEST_JOBS, *JOBS],
-    sensors=[*SENSORS, *INGEST_SENSORS, automation],
-    schedules=SCHEDULES,
-    resources={"lakehouse": LakehouseResource(), "spark": SparkResource()},
+    assets=[*ASSETS, *MAINTENANCE],
+    asset_checks=[*CHECKS, *FRESHNESS_CHECKS],
+    jobs=[refresh_dataset, archive_documents, *INGEST_JOBS, *JOBS, *QUEUE_JOBS],
+    sensors=[*SENSORS, *INGEST_SENSORS, *FRESHNESS_SENSORS, *QUEUE_SENSORS, automation],
+    schedules=[*SCHEDULES, daily_refresh],
+    resources={"lakehouse": LakehouseResource(s3=s3_from_env()), "spark": SparkResource()},
     executor=dg.in_process_executor,
 )

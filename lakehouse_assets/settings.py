@@ -120,6 +120,13 @@ class Settings(BaseSettings):
         default=8, description="spark.sql.shuffle.partitions (small is right for 2 cores)."
     )
     spark_ui_enabled: bool = Field(default=False, description="Serve Spark's web UI.")
+    spark_config: dict[str, str] = Field(
+        default_factory=dict,
+        description='Extra Spark settings, JSON ({"spark.executor.memory": "4g"}): applied '
+        "to an in-process Spark and to the local Connect server at start; a Connect session "
+        "takes the runtime ones (spark.sql.*). The Dagster `spark` resource's spark_config "
+        "adds to them.",
+    )
     # --- mappings ---
     mapping_spark_min_bytes: int = Field(
         default=32 * 1024 * 1024,
@@ -128,6 +135,18 @@ class Settings(BaseSettings):
     # --- dagster ---
     sensor_interval_seconds: int = Field(
         default=30, description="How often the Dagster sensors look at the lake's tags."
+    )
+    freshness_hours: float = Field(
+        default=26.0,
+        gt=0,
+        description="The exports, index and graph index fail their Dagster FreshnessPolicy "
+        "when not materialized for this long (the daily refresh materializes them every day); "
+        "they warn after three quarters of it.",
+    )
+    freshness_check_interval_seconds: int = Field(
+        default=300,
+        description="How often the freshness_checks sensor judges every dataset's exports "
+        "by the specification's freshness rule (tags only).",
     )
     archive_documents: bool = Field(
         default=True,

@@ -60,6 +60,18 @@ class Versioned:
     modified: datetime
 
 
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One file of a listing, with what the listing itself tells (no read, no HEAD)."""
+
+    path: str
+    size: int
+    #: when the store last wrote it (local mtime; S3 LastModified), epoch seconds
+    modified: float
+    #: changes when the content may have changed (as :meth:`Store.fingerprint`)
+    fingerprint: str
+
+
 class Store(ABC):
     """Read and write lake-relative paths on one backend."""
 
@@ -103,6 +115,10 @@ class Store(ABC):
     @abstractmethod
     def list(self, prefix: str) -> Iterator[str]:
         """All paths under ``prefix`` (recursive), lake-relative, sorted."""
+
+    @abstractmethod
+    def entries(self, prefix: str) -> Iterator[Entry]:
+        """Like :meth:`list`, with each file's size, write time and fingerprint."""
 
     @abstractmethod
     def size(self, path: str) -> int: ...
@@ -292,6 +308,19 @@ class LocalStore(Store):
             or (e.is_dir() and any(os.scandir(e.path)))
         )
 
+    def entries(self, prefix: str) -> Iterator[Entry]:
+        for path in self.list(prefix):
+            try:
+                info = self._path(path).stat()
+            except FileNotFoundError:  # removed since the walk
+                continue
+            yield Entry(
+                path,
+                info.st_size,
+                info.st_mtime,
+                f"size={info.st_size};mtime_ns={info.st_mtime_ns}",
+            )
+
     def _stat(self, path: str) -> os.stat_result:
         try:
             return self._path(path).stat()
@@ -453,6 +482,21 @@ class S3Store(Store):
         for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
             for obj in page.get("Contents", []):
                 yield obj["Key"][strip:]
+
+    def entries(self, prefix: str) -> Iterator[Entry]:
+        full = self._key(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+            for obj in page.get("Contents", []):
+                size = int(obj.get("Size", 0))
+                etag = str(obj.get("ETag", "")).strip(chr(34))
+                yield Entry(
+                    obj["Key"][strip:],
+                    size,
+                    obj["LastModified"].timestamp(),
+                    f"size={size};etag={etag}",
+                )
 
     def list_dirs(self, prefix: str) -> builtins.list[str]:
         """Direct children of ``prefix`` (a delimited listing, not every key)."""

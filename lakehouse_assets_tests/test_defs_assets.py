@@ -17,6 +17,7 @@ from lakehouse_assets.definitions import COMPUTED, defs
 from lakehouse_assets.defs.assets import ASSETS
 from lakehouse_assets.defs.checks import CHECKS
 from lakehouse_assets.defs.demo import report_sources
+from lakehouse_assets.defs.freshness import CHECKS as FRESHNESS_CHECKS
 from lakehouse_assets.defs.partitions import datasets
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.journal import Write, statement_row
@@ -35,6 +36,8 @@ KEYS = {
     "index",
     "graph",
     "graph_cypher",
+    "optimize",
+    "compact",
 }
 LINEAGE = {
     "archive": set(),
@@ -48,6 +51,8 @@ LINEAGE = {
     "index": {"statements_csv", "entities_ftm_json", "statistics"},
     "graph": {"statements", "translog"},
     "graph_cypher": {"entities_ftm_json"},
+    "optimize": {"statements", "translog", "graph"},
+    "compact": {"statements", "translog"},
 }
 
 
@@ -61,7 +66,7 @@ def test_definitions_load_with_the_specified_graph() -> None:
         assert node.partitions_def == datasets, key
     executable = {k.to_user_string() for k in graph.executable_asset_keys}
     assert executable == KEYS - {"archive", "mappings", "journal"}
-    for key in executable:
+    for key in executable - {"optimize", "compact"}:  # maintenance runs on schedules
         assert graph.get(dg.AssetKey(key)).automation_condition is not None, key
     checks = {c.name for c in graph.asset_check_keys}
     assert checks == {
@@ -71,6 +76,7 @@ def test_definitions_load_with_the_specified_graph() -> None:
         "exports_match_statements",
         "versions_verified",
         "graph_edges_match",
+        "fresh",
     }
     for name in (
         "new_datasets",
@@ -78,11 +84,12 @@ def test_definitions_load_with_the_specified_graph() -> None:
         "journal_writes",
         "mapping_changes",
         "lakehouse_automation",
+        "freshness_checks",
     ):
         assert defs.resolve_sensor_def(name).default_status == dg.DefaultSensorStatus.RUNNING
-    for name in ("nightly_optimize", "weekly_compact"):
+    for name in ("nightly_optimize", "weekly_compact", "daily_refresh"):
         schedule = defs.resolve_schedule_def(name)
-        assert schedule.job.partitions_def == datasets
+        assert defs.resolve_job_def(schedule.job_name).partitions_def == datasets
     job = defs.resolve_job_def("refresh_dataset")
     assert job.partitions_def == datasets
     # one process per run: every step shares one Spark session
@@ -98,7 +105,7 @@ def materialize(
         name,
     )
     return dg.materialize(
-        [*ASSETS, *CHECKS],
+        [*ASSETS, *CHECKS, *FRESHNESS_CHECKS],
         selection=COMPUTED,
         partition_key=name,
         instance=instance,
@@ -150,7 +157,7 @@ def test_materialize_the_graph_twice(
     first = materialize(local_lake, instance, ds.name)
     assert first.success
     mats = materializations(first)
-    assert set(mats) == KEYS - {"archive", "mappings", "journal"}
+    assert set(mats) == KEYS - {"archive", "mappings", "journal", "optimize", "compact"}
     assert mats["statements"]["new_statements"] == written
     assert mats["statements"]["dagster/partition_row_count"] == written
     assert mats["statements"]["dagster/row_count"] == written

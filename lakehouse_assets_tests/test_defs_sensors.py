@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
@@ -32,11 +32,24 @@ def resources(lake: Lakehouse) -> dict[str, object]:
     }
 
 
+#: Sensor contexts opened by a test (the lake resource nests dagster-aws's S3
+#: resource, so its context must be entered), closed after the test.
+_opened = contextlib.ExitStack()
+
+
+@pytest.fixture(autouse=True)
+def _close_contexts() -> Iterator[None]:
+    yield
+    _opened.close()
+
+
 def context(
     instance: dg.DagsterInstance, lake: Lakehouse, cursor: str | None = None
 ) -> dg.SensorEvaluationContext:
-    return dg.build_sensor_context(
-        instance=instance, cursor=cursor, resources=resources(lake), definitions=defs
+    return _opened.enter_context(
+        dg.build_sensor_context(
+            instance=instance, cursor=cursor, resources=resources(lake), definitions=defs
+        )
     )
 
 
@@ -76,8 +89,7 @@ def test_archive_file_requests_a_run_for_its_partition(
     assert isinstance(event, dg.AssetMaterialization)
     assert event.asset_key == dg.AssetKey("archive") and event.partition == "docs"
     assert event.metadata["new_files"].value == 1
-    ts = ds.core_tags.get(cv.ARCHIVE_LAST_UPDATED)
-    assert ts is not None and event.tags["dagster/data_version"] == ts.isoformat()
+    version = event.tags["dagster/data_version"]
 
     # the cursor (as stored by the daemon) makes the next tick skip: nothing new
     cursor = result.cursor
@@ -92,6 +104,28 @@ def test_archive_file_requests_a_run_for_its_partition(
     (run,) = result.run_requests or []
     assert run.partition_key == "other"
     assert run.run_config["ops"]["write_documents"]["config"]["checksums"] == [meta2.checksum]
+
+    # another writer puts a file into the archive without the API (no tag moves):
+    # the listing notices it, reports it and asks for its Document
+    outside = tmp_path / "outside.txt"
+    outside.write_text("put there by rsync")
+    blob = other.archive.put(str(outside))  # stored by the API, to make a real entry ...
+    folder = str(local_lake.store.local_path(cv.dataset_path("other", cv.ARCHIVE))) + "/"
+    meta_path = next(p for p in Path(folder).rglob("*.json") if blob.file_id in p.name)
+    copied = meta_path.read_bytes()
+    meta_path.unlink()  # ... then removed and written back behind the API's back
+    cursor = archive_files(context(instance, local_lake, result.cursor)).cursor  # type: ignore[union-attr]
+    tag_before = other.core_tags.get(cv.ARCHIVE_LAST_UPDATED)
+    meta_path.write_bytes(copied)
+    assert other.core_tags.get(cv.ARCHIVE_LAST_UPDATED) == tag_before
+    found = archive_files(context(instance, local_lake, cursor))
+    assert isinstance(found, dg.SensorResult)
+    (event,) = found.asset_events or []
+    assert event.partition == "other" and event.metadata["new_files"].value == 1
+    assert event.tags["dagster/data_version"] != version
+    (req,) = found.run_requests or []
+    assert req.run_config["ops"]["write_documents"]["config"]["checksums"] == [blob.checksum]
+    assert isinstance(archive_files(context(instance, local_lake, found.cursor)), dg.SkipReason)
 
     # the requested run writes the Document entity into the journal
     job = defs.resolve_job_def("archive_documents")
@@ -132,25 +166,6 @@ def test_sensor_skips_datasets_not_yet_partitions(
     assert isinstance(journal_writes(context(instance, local_lake)), dg.SkipReason)
     instance.add_dynamic_partitions(DATASETS, ["later"])
     assert isinstance(journal_writes(context(instance, local_lake)), dg.SensorResult)
-
-
-def test_schedules_request_one_run_per_dataset() -> None:
-    # schedule contexts need a persistent instance (as the daemon has)
-    with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions(DATASETS, ["a", "b"])
-        for name in ("nightly_optimize", "weekly_compact"):
-            schedule = defs.resolve_schedule_def(name)
-            tick = datetime(2026, 11, 22, 2, 0, tzinfo=UTC)
-            ctx = dg.build_schedule_context(
-                instance=instance,
-                scheduled_execution_time=tick,
-                repository_def=defs.get_repository_def(),
-            )
-            requests = list(schedule.evaluate_tick(ctx).run_requests or [])
-            assert sorted(r.partition_key or "" for r in requests) == ["a", "b"]
-            # one run per dataset and tick, even if the tick is evaluated twice
-            assert len({r.run_key for r in requests}) == 2
-            assert all(r.run_key and "20261122T0200" in r.run_key for r in requests)
 
 
 def test_files_with_their_document_need_no_run(

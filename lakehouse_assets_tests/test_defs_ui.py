@@ -288,6 +288,48 @@ def test_asset_graph_in_a_real_browser(server: Server) -> None:
     (ARTIFACTS / "asset-graph.png").write_bytes(png)
 
 
+@pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER),
+    reason="Chromium/chromedriver not installed (apt-get install chromium chromium-driver; "
+    ".ci/run installs them)",
+)
+def test_partition_page_shows_the_metadata(server: Server) -> None:
+    """An operator opens `statements` for one dataset: the partition's materialization
+    with its counts, table version, URI and row count is on the page."""
+    wait_for(
+        "statements of the dataset",
+        lambda: bool(server.materialized_at("statements")),
+        server,
+        300,
+    )
+    port = free_port()
+    driver_proc = subprocess.Popen(
+        [str(CHROMEDRIVER), f"--port={port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=_restore_signals,
+    )
+    try:
+        wait_for("chromedriver", lambda: _up_driver(port), server, 30)
+        driver = WebDriver(port)
+        try:
+            url = f"{server.url}/assets/statements?view=partitions&partition={DATASET}"
+            driver.call("POST", "/url", {"url": url})
+            expected = (DATASET, "new_statements", "delta_version", "dagster/uri")
+            wait_for("the partition's metadata", lambda: driver.shows(expected), server, 90)
+            text = driver.text()
+            time.sleep(3)
+            png = base64.b64decode(driver.call("GET", "/screenshot"))
+        finally:
+            driver.close()
+    finally:
+        stop_process(driver_proc)
+    assert "journal_rows_flushed" in text and "rows_by_origin" in text
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "asset-partition.png").write_bytes(png)
+
+
 def _up_driver(port: int) -> bool:
     try:
         return bool(

@@ -262,8 +262,10 @@ def test_mapping_sensor_and_job(local_lake: Lakehouse, tmp_path: Path) -> None:
         instance.add_dynamic_partitions(DATASETS, [ds.name])
 
         def tick(cursor: str | None = None) -> Any:
-            ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
-            return mapping_changes(ctx)
+            with dg.build_sensor_context(
+                instance=instance, cursor=cursor, resources=resources
+            ) as ctx:
+                return mapping_changes(ctx)
 
         assert isinstance(tick(), dg.SkipReason)
         ds.add_mapping(meta.checksum, mapping.read_text())

@@ -76,3 +76,22 @@ def test_local_atomic_write_leaves_no_temp_files(tmp_path: Path) -> None:
 def test_unsafe_paths_are_rejected(lake: Lakehouse, path: str) -> None:
     with pytest.raises(InvalidNameError):
         lake.store.write_text(path, "x")
+
+
+def test_entries_list_sizes_times_and_fingerprints(lake: Lakehouse) -> None:
+    import time
+
+    store = lake.store
+    before = time.time() - 5  # S3 times have whole seconds; moto's clock is ours
+    store.write_bytes("ds/archive/a/data", b"abc")
+    store.write_bytes("ds/archive/b/x.json", b"{}")
+    store.write_bytes("other/file", b"no")
+    entries = list(store.entries("ds/archive/"))
+    assert [e.path for e in entries] == list(store.list("ds/archive/"))
+    assert [e.size for e in entries] == [3, 2]
+    assert all(before <= e.modified <= time.time() + 5 for e in entries)
+    # a listing's fingerprint is what a HEAD/stat of the file says
+    assert [e.fingerprint for e in entries] == [store.fingerprint(e.path) for e in entries]
+    store.write_bytes("ds/archive/a/data", b"abcd")
+    (changed, _) = store.entries("ds/archive/")
+    assert changed.size == 4 and changed.fingerprint != entries[0].fingerprint

@@ -21,6 +21,8 @@ import dagster as dg
 from pydantic import Field
 
 from lakehouse_assets import conventions as cv
+from lakehouse_assets.defs.batch import SINGLE_RUN, Report, for_each_dataset, materializations
+from lakehouse_assets.defs.freshness import POLICY as FRESHNESS
 from lakehouse_assets.defs.metadata import (
     export_metadata,
     markdown_table,
@@ -33,6 +35,7 @@ from lakehouse_assets.defs.partitions import datasets
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.exports import ENTITIES, EXPORTS, INDEX, STATEMENTS, STATISTICS, export
 from lakehouse_assets.flush import flush
+from lakehouse_assets.lake import Dataset
 from lakehouse_assets.tables import STATEMENTS_SCHEMA, TRANSLOG_SCHEMA
 
 #: The Delta tables' columns, shown as each table asset's column schema.
@@ -49,7 +52,8 @@ archive = dg.AssetSpec(
     group_name=GROUP,
     kinds={"file"},
     description="Source files, content-addressed (`{dataset}/archive/`). Written by tenants; "
-    "the `archive_files` sensor reports changes (data version: tag `archive/last_updated`).",
+    "the `archive_files` sensor lists it and reports changes, also of files written without "
+    "the API (data version: a digest of its files).",
 )
 
 mappings = dg.AssetSpec(
@@ -97,32 +101,36 @@ journal = dg.AssetSpec(
         ),
     ],
     partitions_def=datasets,
+    backfill_policy=SINGLE_RUN,
 )
 def flush_tables(
     context: dg.AssetExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
 ) -> Iterator[dg.MaterializeResult[None]]:
     """Flush the journal into the statements and translog tables (one Spark job)."""
-    ds = lakehouse.dataset(context.partition_key, spark)
-    result = flush(ds)  # starts Spark only if the journal holds rows
-    context.log.info("flush of %s: %s", ds.name, result.as_dict())
-    counts = {
-        "new_statements": result.new,
-        "duplicate_statements": result.duplicates,
-        "tombstoned_statements": result.tombstones,
-        "superseded_events": result.superseded,
-        "ignored_tombstones": result.ignored_tombstones,
-        "journal_rows_flushed": result.journal_rows,
-        "duration_seconds": round(result.seconds, 3),
-    }
-    for key, location in (("statements", ds.statements_table), ("translog", ds.translog_table)):
-        summary = table_summary(location)
-        yield dg.MaterializeResult(
-            asset_key=key,
-            metadata={**table_metadata(summary, SCHEMAS[key]), **counts},
-            data_version=dg.DataVersion(str(summary.version))
-            if summary.version is not None
-            else None,
-        )
+
+    def one(name: str) -> dict[str, Report]:
+        ds = lakehouse.dataset(name, spark)
+        result = flush(ds)  # starts Spark only if the journal holds rows
+        context.log.info("flush of %s: %s", ds.name, result.as_dict())
+        counts = {
+            "new_statements": result.new,
+            "duplicate_statements": result.duplicates,
+            "tombstoned_statements": result.tombstones,
+            "superseded_events": result.superseded,
+            "ignored_tombstones": result.ignored_tombstones,
+            "journal_rows_flushed": result.journal_rows,
+            "duration_seconds": round(result.seconds, 3),
+        }
+        reports = {}
+        for key, location in (("statements", ds.statements_table), ("translog", ds.translog_table)):
+            summary = table_summary(location)
+            reports[key] = Report(
+                {**table_metadata(summary, SCHEMAS[key]), **counts},
+                dg.DataVersion(str(summary.version)) if summary.version is not None else None,
+            )
+        return reports
+
+    yield from materializations(for_each_dataset(context, one))
 
 
 class ExportConfig(dg.Config):
@@ -148,6 +156,7 @@ EXPORT_KINDS = {
             group_name=GROUP,
             kinds={"csv", "spark"},
             automation_condition=AUTOMATION,
+            freshness_policy=FRESHNESS,
             description="`exports/statements.csv`: live statements in followthemoney's "
             "statement CSV format, sorted by entity.",
         ),
@@ -157,6 +166,7 @@ EXPORT_KINDS = {
             group_name=GROUP,
             kinds={"json", "spark"},
             automation_condition=AUTOMATION,
+            freshness_policy=FRESHNESS,
             description="`entities.ftm.json`: one aggregated FtM entity per line.",
         ),
         dg.AssetSpec(
@@ -165,11 +175,13 @@ EXPORT_KINDS = {
             group_name=GROUP,
             kinds={"json", "spark"},
             automation_condition=AUTOMATION,
+            freshness_policy=FRESHNESS,
             description="`exports/statistics.json`: ftmq `DatasetStats` of the live entities.",
         ),
     ],
     partitions_def=datasets,
     can_subset=True,
+    backfill_policy=SINGLE_RUN,
 )
 def exports(
     context: dg.AssetExecutionContext,
@@ -178,27 +190,31 @@ def exports(
     spark: SparkResource,
 ) -> Iterator[dg.MaterializeResult[None]]:
     """The selected exports in one Spark pass; fresh ones are kept (spec's freshness rule)."""
-    ds = lakehouse.dataset(context.partition_key, spark)
     selected = {k.to_user_string() for k in context.selected_asset_keys}
     kinds = [kind for key, kind in EXPORT_KINDS.items() if key in selected]
-    result = export(ds, kinds, force=config.force)
-    if result.skipped:
-        context.log.info("fresh, not rewritten: %s", ", ".join(result.skipped))
-    for key, kind in EXPORT_KINDS.items():
-        if key not in selected:
-            continue
-        written = result.written.get(kind)
-        meta = export_metadata(ds, kind, written)
-        meta["duration_seconds"] = round(result.seconds, 3)
-        if kind == STATISTICS and written is not None:
-            stats = written.get("stats") or {}
-            meta["entity_count"] = int(stats.get("entity_count") or 0)
-            table = schema_distribution(stats)
-            if table:
-                meta["schema_distribution"] = dg.MetadataValue.md(table)
-        yield dg.MaterializeResult(
-            asset_key=key, metadata=meta, data_version=tag_version(ds, EXPORTS[kind][1])
-        )
+
+    def one(name: str) -> dict[str, Report]:
+        ds = lakehouse.dataset(name, spark)
+        result = export(ds, kinds, force=config.force)
+        if result.skipped:
+            context.log.info("%s: fresh, not rewritten: %s", name, ", ".join(result.skipped))
+        reports = {}
+        for key, kind in EXPORT_KINDS.items():
+            if key not in selected:
+                continue
+            written = result.written.get(kind)
+            meta = export_metadata(ds, kind, written)
+            meta["duration_seconds"] = round(result.seconds, 3)
+            if kind == STATISTICS and written is not None:
+                stats = written.get("stats") or {}
+                meta["entity_count"] = int(stats.get("entity_count") or 0)
+                table = schema_distribution(stats)
+                if table:
+                    meta["schema_distribution"] = dg.MetadataValue.md(table)
+            reports[key] = Report(meta, tag_version(ds, EXPORTS[kind][1]))
+        return reports
+
+    yield from materializations(for_each_dataset(context, one))
 
 
 @dg.asset(
@@ -207,14 +223,22 @@ def exports(
     group_name=GROUP,
     kinds={"json"},
     automation_condition=AUTOMATION,
+    freshness_policy=FRESHNESS,
+    backfill_policy=SINGLE_RUN,
     description="`index.json`: dataset metadata, statistics and links to the exports "
     "Each change publishes a version: a manifest under `versions/` linked to its "
     "parent by hash, and an entity diff under `diffs/` (see `lakehouse versions`).",
 )
 def index(
     context: dg.AssetExecutionContext, lakehouse: LakehouseResource
-) -> dg.MaterializeResult[None]:
-    ds = lakehouse.dataset(context.partition_key)
+) -> Iterator[dg.MaterializeResult[None]]:
+    def one(name: str) -> dict[str, Report]:
+        return {"index": _index(lakehouse.dataset(name))}
+
+    yield from materializations(for_each_dataset(context, one))
+
+
+def _index(ds: Dataset) -> Report:
     clock = time.monotonic()
     result = export(ds, [INDEX])  # kept when fresh: no new version when nothing changed
     written = result.written.get(INDEX) or {}
@@ -229,7 +253,7 @@ def index(
     elif version.get("skipped"):
         meta["version"] = dg.MetadataValue.text(str(version["skipped"]))
     meta["duration_seconds"] = round(time.monotonic() - clock, 3)
-    return dg.MaterializeResult(metadata=meta, data_version=tag_version(ds, cv.EXPORTS_INDEX))
+    return Report(meta, tag_version(ds, cv.EXPORTS_INDEX))
 
 
 @dg.asset(
@@ -238,16 +262,24 @@ def index(
     group_name=GROUP,
     kinds={"delta"},
     automation_condition=AUTOMATION,
+    freshness_policy=FRESHNESS,
+    backfill_policy=SINGLE_RUN,
     description="Graph index (`graph/by_source`, `graph/by_target`, partitioned by "
     "property, bloom filters on the lookup column): entity-typed statements as edges, "
     "kept up to date incrementally (tombstones for deletes); `lakehouse refs` reads it.",
 )
 def graph(
     context: dg.AssetExecutionContext, lakehouse: LakehouseResource
-) -> dg.MaterializeResult[None]:
+) -> Iterator[dg.MaterializeResult[None]]:
+    def one(name: str) -> dict[str, Report]:
+        return {"graph": _graph(lakehouse.dataset(name))}
+
+    yield from materializations(for_each_dataset(context, one))
+
+
+def _graph(ds: Dataset) -> Report:
     from lakehouse_assets import graph as graph_index
 
-    ds = lakehouse.dataset(context.partition_key)
     result = graph_index.update(ds)
     state = graph_index.status(ds)
     meta: dict[str, Any] = {
@@ -269,7 +301,7 @@ def graph(
             markdown_table(["property", "edges"], sorted(by_prop.items()))
         )
     version = f"{result.reflects[0]}-{result.reflects[1]}"
-    return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(version))
+    return Report(meta, dg.DataVersion(version))
 
 
 @dg.asset(
@@ -278,16 +310,24 @@ def graph(
     group_name=GROUP,
     kinds={"neo4j"},
     automation_condition=AUTOMATION,
+    freshness_policy=FRESHNESS,
+    backfill_policy=SINGLE_RUN,
     description="`exports/graph.cypher` (batched UNWIND, a uniqueness constraint first), "
     "`exports/graph.graphml` and the Neo4j bulk-import CSVs under `exports/neo4j/`: "
     "followthemoney's graph model of the entities export (tag `exports/graph`).",
 )
 def graph_cypher(
     context: dg.AssetExecutionContext, lakehouse: LakehouseResource
-) -> dg.MaterializeResult[None]:
+) -> Iterator[dg.MaterializeResult[None]]:
+    def one(name: str) -> dict[str, Report]:
+        return {"graph_cypher": _graph_cypher(lakehouse.dataset(name))}
+
+    yield from materializations(for_each_dataset(context, one))
+
+
+def _graph_cypher(ds: Dataset) -> Report:
     from lakehouse_assets import graph_exports
 
-    ds = lakehouse.dataset(context.partition_key)
     clock = time.monotonic()
     written = graph_exports.export_graph(ds)
     meta: dict[str, Any] = {"duration_seconds": round(time.monotonic() - clock, 3)}
@@ -298,7 +338,7 @@ def graph_cypher(
         meta["nodes"] = int(written["graphml"]["nodes"])
         meta["relationships"] = int(written["graphml"]["edges"])
         meta["dagster/uri"] = ds.store.full_uri(cv.dataset_path(ds.name, cv.GRAPH_CYPHER))
-    return dg.MaterializeResult(metadata=meta, data_version=tag_version(ds, cv.EXPORTS_GRAPH))
+    return Report(meta, tag_version(ds, cv.EXPORTS_GRAPH))
 
 
 ASSETS: list[dg.AssetsDefinition | dg.AssetSpec] = [

@@ -16,7 +16,7 @@ starting Spark.
 # (no ``from __future__ import annotations``: Dagster compares the context
 # parameter's annotation with its classes when the checks are defined)
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from followthemoney import model
 from followthemoney.statement import Statement
 
 from lakehouse_assets import conventions as cv
+from lakehouse_assets.defs.batch import check_results, for_each_dataset
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import SourceNotFoundError
 from lakehouse_assets.exports import live_frame
@@ -213,12 +214,14 @@ def statements_checks(
 ) -> Iterator[dg.AssetCheckResult]:
     """The statement checks over one scan of the live statements, or their kept results
     when the tables did not change since they were judged."""
-    ds = lakehouse.dataset(context.partition_key)
-    outcomes, cached, snapshot = statement_outcomes(ds, spark)
-    if cached:
-        context.log.info("tables unchanged since the last check: results kept, no scan")
-    for outcome in outcomes:
-        yield outcome.result(cached=cached, snapshot=snapshot)
+
+    def one(name: str) -> list[dg.AssetCheckResult]:
+        outcomes, cached, snapshot = statement_outcomes(lakehouse.dataset(name), spark)
+        if cached:
+            context.log.info("%s: tables unchanged since the last check: results kept", name)
+        return [outcome.result(cached=cached, snapshot=snapshot) for outcome in outcomes]
+
+    yield from check_results(for_each_dataset(context, one))
 
 
 @dg.asset_check(
@@ -231,7 +234,18 @@ def statements_checks(
 def exports_match_statements(
     context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
 ) -> dg.AssetCheckResult:
-    ds = lakehouse.dataset(context.partition_key)
+    return _one_check(context, lambda name: _exports_match(lakehouse.dataset(name), spark))
+
+
+def _one_check(
+    context: dg.AssetCheckExecutionContext, check: Callable[[str], dg.AssetCheckResult]
+) -> dg.AssetCheckResult:
+    """A single check over every dataset of the run (see :mod:`defs.batch`)."""
+    results = for_each_dataset(context, lambda name: [check(name)])
+    return next(check_results(results))
+
+
+def _exports_match(ds: Dataset, spark: SparkResource) -> dg.AssetCheckResult:
     snapshot = ds.snapshot()
     # the live entity count depends on the snapshot only; the files on the exports' stamps
     stamps = {k: str(ds.core_tags.get(k)) for k in (cv.EXPORTS_ENTITIES, cv.EXPORTS_STATISTICS)}
@@ -275,9 +289,12 @@ def exports_match_statements(
 def versions_verified(
     context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource
 ) -> dg.AssetCheckResult:
+    return _one_check(context, lambda name: _verified(lakehouse.dataset(name)))
+
+
+def _verified(ds: Dataset) -> dg.AssetCheckResult:
     from lakehouse_assets.versions import verify
 
-    ds = lakehouse.dataset(context.partition_key)
     report = verify(ds)
     problems = "\n".join(f"- {p}" for p in report.problems[:EXAMPLES])
     metadata: dict[str, Any] = {
@@ -302,9 +319,12 @@ def versions_verified(
 def graph_edges_match(
     context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
 ) -> dg.AssetCheckResult:
+    return _one_check(context, lambda name: _edges_match(lakehouse.dataset(name), spark))
+
+
+def _edges_match(ds: Dataset, spark: SparkResource) -> dg.AssetCheckResult:
     from lakehouse_assets import graph as graph_index
 
-    ds = lakehouse.dataset(context.partition_key)
     state = graph_index.GraphState.load(ds)
     if state is None:
         return dg.AssetCheckResult(passed=False, metadata={"problem": "no graph index"})

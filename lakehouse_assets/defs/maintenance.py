@@ -1,8 +1,22 @@
-"""Maintenance jobs (optimize, compact) and the schedules that run them per dataset.
+"""Maintenance (optimize, compact) and the scheduled refresh, as asset jobs over datasets.
 
-They are op jobs, not asset materializations: they change how the statements
-are stored, not what they say. Each reports an observation of ``statements``
-so the UI shows the new table version next to the materializations.
+``optimize`` and ``compact`` are assets: each materialization is one run of
+that operation on one dataset's tables, with what it did (files merged or
+removed, bytes, the job record under ``jobs/runs/``). They change how the
+statements are stored, not what they say, so they are downstream of
+``statements`` rather than a new materialization of it: the exports stay
+fresh. What they changed is reported where operators look for it, as an
+observation of ``statements`` (and ``translog``) with the new table version,
+per dataset.
+
+The schedules ask for one run over every dataset (``BackfillPolicy.single_run``
+on every computed asset), so N datasets share one Spark start:
+
+- ``nightly_optimize``: ``optimize`` (with vacuum) at 02:00 UTC;
+- ``weekly_compact``: ``compact`` on Sundays at 04:00 UTC;
+- ``daily_refresh``: the whole chain (``refresh_dataset``) at 03:00 UTC, for
+  datasets whose automation was paused or that missed a tick; fresh exports
+  are kept, so it is cheap when nothing changed.
 """
 
 from collections.abc import Iterator
@@ -11,11 +25,18 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from lakehouse_assets.defs.batch import SINGLE_RUN, Report, for_each_dataset, materializations
 from lakehouse_assets.defs.metadata import table_metadata, table_summary
 from lakehouse_assets.defs.partitions import DATASETS, datasets
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.lake import Dataset
-from lakehouse_assets.tables import STATEMENTS_SCHEMA
+from lakehouse_assets.tables import STATEMENTS_SCHEMA, TRANSLOG_SCHEMA
+
+GROUP = "ftm_lakehouse"  # one group: the UI folds a graph of several groups
+
+#: Dagster's run tags for a run over a range of partitions (a single-run backfill).
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"
 
 
 class OptimizeConfig(dg.Config):
@@ -26,62 +47,96 @@ class OptimizeConfig(dg.Config):
     )
 
 
-@dg.op(description="Merge small files of the statements/translog tables, then vacuum.")
-def optimize_tables(
-    context: dg.OpExecutionContext,
+@dg.asset(
+    deps=["statements", "translog", "graph"],
+    partitions_def=datasets,
+    group_name=GROUP,
+    kinds={"delta", "spark"},
+    backfill_policy=SINGLE_RUN,
+    description="Optimize: merge the small files of the statements, translog and graph "
+    "tables, then vacuum what no version needs. Reports the new table versions on "
+    "`statements` and `translog` (observations); scheduled nightly (`nightly_optimize`).",
+)
+def optimize(
+    context: dg.AssetExecutionContext,
     config: OptimizeConfig,
     lakehouse: LakehouseResource,
     spark: SparkResource,
-) -> Iterator[dg.AssetObservation | dg.Output[None]]:
-    ds = lakehouse.dataset(context.partition_key)
-    spark.session(ds.settings)
-    result = ds.optimize(vacuum=config.vacuum, retention_hours=config.retention_hours)
-    yield _observe_statements(ds, result.as_dict())
-    yield dg.Output(None)
+) -> Iterator[dg.MaterializeResult[None]]:
+    def one(name: str) -> dict[str, Report]:
+        ds = lakehouse.dataset(name, spark)
+        result = ds.optimize(vacuum=config.vacuum, retention_hours=config.retention_hours)
+        return {"optimize": _report(context, ds, result.as_dict())}
+
+    yield from materializations(for_each_dataset(context, one))
 
 
-@dg.op(description="Rewrite the statements table with live rows only; drop deleted translog rows.")
-def compact_tables(
-    context: dg.OpExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
-) -> Iterator[dg.AssetObservation | dg.Output[None]]:
-    ds = lakehouse.dataset(context.partition_key)
-    spark.session(ds.settings)
-    yield _observe_statements(ds, ds.compact().as_dict())
-    yield dg.Output(None)
+@dg.asset(
+    deps=["statements", "translog"],
+    partitions_def=datasets,
+    group_name=GROUP,
+    kinds={"delta", "spark"},
+    backfill_policy=SINGLE_RUN,
+    description="Compact: rewrite the statements table with live rows only and drop the "
+    "deleted translog rows (the exports do not change). Reports the new table versions on "
+    "`statements` and `translog`; scheduled weekly (`weekly_compact`).",
+)
+def compact(
+    context: dg.AssetExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
+) -> Iterator[dg.MaterializeResult[None]]:
+    def one(name: str) -> dict[str, Report]:
+        ds = lakehouse.dataset(name, spark)
+        return {"compact": _report(context, ds, ds.compact().as_dict())}
+
+    yield from materializations(for_each_dataset(context, one))
 
 
-def _observe_statements(ds: Dataset, result: dict[str, Any]) -> dg.AssetObservation:
-    """The table after maintenance, with what the operation did (nested values as JSON)."""
+def _report(context: dg.AssetExecutionContext, ds: Dataset, result: dict[str, Any]) -> Report:
+    """Observe the changed tables (per dataset) and report what the operation did."""
     done = {
         k: dg.MetadataValue.json(v) if isinstance(v, dict | list) else v
         for k, v in result.items()
         if v is not None
     }
-    return dg.AssetObservation(
-        asset_key="statements",
-        partition=ds.name,
-        metadata={
-            **table_metadata(table_summary(ds.statements_table), STATEMENTS_SCHEMA),
-            **done,
-        },
-    )
+    for key, location, schema in (
+        ("statements", ds.statements_table, STATEMENTS_SCHEMA),
+        ("translog", ds.translog_table, TRANSLOG_SCHEMA),
+    ):
+        context.log_event(
+            dg.AssetObservation(
+                asset_key=key,
+                partition=ds.name,
+                metadata=table_metadata(table_summary(location), schema),
+            )
+        )
+    return Report({"dagster/uri": ds.statements_table.uri, **done})
 
 
-@dg.job(partitions_def=datasets, description="optimize (+ vacuum) one dataset's tables.")
-def optimize_job() -> None:
-    optimize_tables()
+optimize_job = dg.define_asset_job(
+    "optimize_job",
+    selection=[optimize],
+    description="Optimize (+ vacuum) the tables of the selected datasets, in one run.",
+)
+
+compact_job = dg.define_asset_job(
+    "compact_job",
+    selection=[compact],
+    description="Compact the tables of the selected datasets, in one run.",
+)
 
 
-@dg.job(partitions_def=datasets, description="compact one dataset's tables.")
-def compact_job() -> None:
-    compact_tables()
-
-
-def _per_dataset(context: dg.ScheduleEvaluationContext, operation: str) -> Iterator[dg.RunRequest]:
-    tick = context.scheduled_execution_time
-    stamp = tick.strftime("%Y%m%dT%H%M")
-    for name in sorted(context.instance.get_dynamic_partitions(DATASETS)):
-        yield dg.RunRequest(run_key=f"{operation}:{name}:{stamp}", partition_key=name)
+def all_datasets(
+    context: dg.ScheduleEvaluationContext, operation: str
+) -> dg.RunRequest | dg.SkipReason:
+    """One run over every dataset partition (a range from the first to the last)."""
+    names = list(context.instance.get_dynamic_partitions(DATASETS))
+    if not names:
+        return dg.SkipReason("no datasets yet")
+    stamp = context.scheduled_execution_time.strftime("%Y%m%dT%H%M")
+    key = f"{operation}:{stamp}"
+    if len(names) == 1:
+        return dg.RunRequest(run_key=key, partition_key=names[0])
+    return dg.RunRequest(run_key=key, tags={RANGE_START: names[0], RANGE_END: names[-1]})
 
 
 @dg.schedule(
@@ -89,10 +144,10 @@ def _per_dataset(context: dg.ScheduleEvaluationContext, operation: str) -> Itera
     cron_schedule="0 2 * * *",
     execution_timezone="UTC",
     default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Every night: optimize and vacuum every dataset (one run per dataset).",
+    description="Every night: optimize and vacuum every dataset, in one run.",
 )
-def nightly_optimize(context: dg.ScheduleEvaluationContext) -> Iterator[dg.RunRequest]:
-    yield from _per_dataset(context, "optimize")
+def nightly_optimize(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+    return all_datasets(context, "optimize")
 
 
 @dg.schedule(
@@ -100,11 +155,12 @@ def nightly_optimize(context: dg.ScheduleEvaluationContext) -> Iterator[dg.RunRe
     cron_schedule="0 4 * * 0",
     execution_timezone="UTC",
     default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Every Sunday: compact every dataset (one run per dataset).",
+    description="Every Sunday: compact every dataset, in one run.",
 )
-def weekly_compact(context: dg.ScheduleEvaluationContext) -> Iterator[dg.RunRequest]:
-    yield from _per_dataset(context, "compact")
+def weekly_compact(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+    return all_datasets(context, "compact")
 
 
 JOBS = [optimize_job, compact_job]
+ASSETS = [optimize, compact]
 SCHEDULES = [nightly_optimize, weekly_compact]

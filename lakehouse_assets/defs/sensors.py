@@ -7,16 +7,19 @@ whose tag moved since the cursor is looked at more closely. Cursors (JSON:
 dataset → last tag seen) live in Dagster's storage and survive restarts.
 
 - ``new_datasets`` adds a ``datasets`` partition for every dataset of the lake.
-- ``archive_files`` reports an ``archive`` materialization for each changed
-  dataset and, for files archived since, asks ``archive_documents`` to write
-  their Document entities into the journal.
+- ``archive_files`` lists each dataset's ``archive/`` (one listing per tick:
+  a writer that bypasses the API moves no tag) and reports an ``archive``
+  materialization for each changed dataset; for files written since, it asks
+  ``archive_documents`` to write their Document entities into the journal.
 - ``journal_writes`` reports a ``journal`` materialization (data version: the
   tag), which makes the statements and exports stale; automation refreshes them.
 """
 
+import hashlib
 import json
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from typing import Any
 
 import dagster as dg
 
@@ -28,6 +31,7 @@ from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.errors import DatasetNotFoundError
 from lakehouse_assets.lake import DOCUMENT_MARK, Dataset, Lakehouse
 from lakehouse_assets.settings import Settings
+from lakehouse_assets.storage import Entry
 
 RUNNING = dg.DefaultSensorStatus.RUNNING
 
@@ -36,14 +40,18 @@ def _interval() -> int:
     return Settings().sensor_interval_seconds
 
 
-def _load_cursor(raw: str | None) -> dict[str, str]:
+def _load_json(raw: str | None) -> dict[str, Any]:
     if not raw:
         return {}
     try:
         data = json.loads(raw)
     except json.JSONDecodeError:
         return {}
-    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    return {str(k): v for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _load_cursor(raw: str | None) -> dict[str, str]:
+    return {k: str(v) for k, v in _load_json(raw).items()}
 
 
 def changed_datasets(
@@ -94,20 +102,28 @@ def watch_tag(
 
 
 def archive_event(
-    ds: Dataset, ts: datetime, files: list[FileMeta], new: int
+    ds: Dataset, ts: datetime, files: list[FileMeta], new: int, blobs: int = 0
 ) -> dg.AssetMaterialization:
     """The reported materialization of a dataset's ``archive`` (tenants wrote files)."""
+    metadata: dict[str, Any] = {
+        "dagster/uri": ds.store.full_uri(cv.dataset_path(ds.name, cv.ARCHIVE)),
+        "files": len(files),
+        "dagster/row_count": len(files),
+        "new_files": new,
+        "size_bytes": sum(m.size for m in files),
+        "last_updated": dg.MetadataValue.timestamp(ts),
+    }
+    if blobs:
+        metadata["blobs_without_metadata"] = blobs
+    # the data version follows the archive's content, whoever wrote it
+    version = hashlib.sha256(
+        "\n".join(sorted(f"{m.checksum} {m.key}" for m in files)).encode()
+    ).hexdigest()[:24]
     return dg.AssetMaterialization(
         asset_key="archive",
         partition=ds.name,
-        tags={DATA_VERSION_TAG: ts.isoformat()},
-        metadata={
-            "dagster/uri": ds.store.full_uri(cv.dataset_path(ds.name, cv.ARCHIVE)),
-            "files": len(files),
-            "new_files": new,
-            "size_bytes": sum(m.size for m in files),
-            "last_updated": dg.MetadataValue.timestamp(ts),
-        },
+        tags={DATA_VERSION_TAG: version},
+        metadata=metadata,
     )
 
 
@@ -183,33 +199,105 @@ def archive_documents() -> None:
     job=archive_documents,
     minimum_interval_seconds=_interval(),
     default_status=RUNNING,
-    description="Reports new archive files (tag `archive/last_updated`) and requests "
-    "their Document entities.",
+    description="Lists each dataset's `archive/` (and reads its tag `archive/last_updated`): "
+    "reports changes, including files another writer put there without the API, and "
+    "requests the Document entities of new files.",
 )
 def archive_files(
     context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
 ) -> dg.SensorResult | dg.SkipReason:
-    lake = lakehouse.lake()
+    """Report the archives that changed since the cursor, by listing, not only by tag.
 
-    def observe(
-        ds: Dataset, ts: datetime, prev: datetime | None
-    ) -> tuple[dg.AssetMaterialization, dg.RunRequest | None]:
-        files = list(ds.archive.list())
-        new = [m for m in files if prev is None or m.updated_at > prev]
+    The cursor keeps, per dataset, a digest of the archive's listing (path and
+    fingerprint of each file) and the latest write time seen. A listing that
+    differs is a change, whoever made it; the files written after that time
+    are the new ones (their Document entities are requested). A writer that
+    keeps old modification times (``cp -p``) still changes the digest, so the
+    change is reported; only its Documents wait for a write through the API.
+    """
+    lake = lakehouse.lake()
+    cursor = _load_listing_cursor(context.cursor)
+    events: list[dg.AssetMaterialization] = []
+    runs: list[dg.RunRequest] = []
+    for name in sorted(context.instance.get_dynamic_partitions(DATASETS)):
+        try:
+            ds = lake.dataset(name)
+        except DatasetNotFoundError:
+            continue
+        listing = list(ds.store.entries(cv.dataset_path(name, cv.ARCHIVE) + "/"))
+        digest = hashlib.sha256(
+            "\n".join(f"{e.path} {e.fingerprint}" for e in listing).encode()
+        ).hexdigest()
+        seen = cursor.get(name, {})
+        if seen.get("digest") == digest or (not seen and not listing):
+            continue  # unchanged, or empty from the start
+        until = float(seen.get("until", 0.0))
+        # S3 times have whole seconds: files of the cursor's last second are told apart
+        # by path
+        known_at_until = set(seen.get("at_until", []))
+        fresh = {
+            e.path
+            for e in listing
+            if e.path.endswith(".json")
+            and (e.modified > until or (e.modified == until and e.path not in known_at_until))
+        }
+        files, new = [], []
+        for entry in listing:
+            if not entry.path.endswith(".json"):
+                continue
+            meta = FileMeta.model_validate_json(ds.store.read_bytes(entry.path))
+            files.append(meta)
+            if entry.path in fresh:
+                new.append(meta)
+        ts = ds.core_tags.get(cv.ARCHIVE_LAST_UPDATED) or cv.utcnow()
+        events.append(archive_event(ds, ts, files, len(new), blobs=_orphans(listing)))
         # files whose writer made the Document already (crawl, --document) are left alone
         checksums = sorted({m.checksum for m in new if not m.extra.get(DOCUMENT_MARK)})
-        run = None
         if checksums and lake.settings.archive_documents:
-            run = dg.RunRequest(
-                run_key=f"{ds.name}:{ts.isoformat()}",
-                partition_key=ds.name,
-                run_config=dg.RunConfig(
-                    ops={"write_documents": DocumentsConfig(checksums=checksums)}
-                ),
+            runs.append(
+                dg.RunRequest(
+                    run_key=f"{name}:{digest[:16]}",
+                    partition_key=name,
+                    run_config=dg.RunConfig(
+                        ops={"write_documents": DocumentsConfig(checksums=checksums)}
+                    ),
+                )
             )
-        return archive_event(ds, ts, files, len(new)), run
+        latest = max([until, *(e.modified for e in listing)])
+        cursor[name] = {
+            "digest": digest,
+            "until": latest,
+            "at_until": sorted(e.path for e in listing if e.modified == latest),
+        }
+    if not events:
+        return dg.SkipReason("no archive changed")
+    return dg.SensorResult(
+        run_requests=runs, asset_events=events, cursor=json.dumps(cursor, sort_keys=True)
+    )
 
-    return watch_tag(context, lake, cv.ARCHIVE_LAST_UPDATED, observe)
+
+def _load_listing_cursor(raw: str | None) -> dict[str, dict[str, Any]]:
+    """The archive sensor's cursor; an older one (dataset → tag) counts its tag as seen."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in _load_json(raw).items():
+        if isinstance(value, dict):
+            out[name] = value
+        elif isinstance(value, str):
+            try:
+                out[name] = {"until": datetime.fromisoformat(value).timestamp()}
+            except ValueError:
+                continue
+    return out
+
+
+def _orphans(listing: list[Entry]) -> int:
+    """Blobs with no metadata entry beside them (written without the API, or half-way)."""
+    folders = {e.path.rsplit("/", 1)[0] for e in listing if e.path.endswith(".json")}
+    return sum(
+        1
+        for e in listing
+        if e.path.endswith("/" + cv.BLOB) and e.path.rsplit("/", 1)[0] not in folders
+    )
 
 
 @dg.sensor(

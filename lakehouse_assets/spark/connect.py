@@ -171,6 +171,7 @@ def start(settings: Settings, port: int | None = None, *, timeout: float = 180.0
         "spark.local.dir": str(scratch),
         "spark.sql.warehouse.dir": str(folder / "warehouse"),
         "spark.ui.showConsoleProgress": "false",
+        **settings.spark_config,
     }
     command = [
         str(home / "bin" / "spark-submit"),

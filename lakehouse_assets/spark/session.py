@@ -82,6 +82,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         if settings.spark_master.startswith("local")
         else "0.0.0.0",
         **sql_conf(settings),
+        **settings.spark_config,
     }
 
 
@@ -157,7 +158,8 @@ def _connect(settings: Settings) -> SparkSession:
     session = SparkSession.builder.remote(shared_session_url(url)).getOrCreate()
     # other lakehouse processes use the same server-side session: leaving must not end it
     session.release_session_on_close = False  # type: ignore[attr-defined]
-    for key, value in sql_conf(settings).items():
+    runtime = {k: v for k, v in settings.spark_config.items() if k.startswith("spark.sql.")}
+    for key, value in {**sql_conf(settings), **runtime}.items():
         session.conf.set(key, value)
     return session
 
