@@ -167,7 +167,25 @@ def write_id(item_id: str) -> str:
 
 
 class _Payload(BaseModel):
+    """An action's payload. The names in it that become paths (origin, checksum,
+    file id) are checked by the conventions here, whichever payload holds them."""
+
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("origin", check_fields=False)
+    @classmethod
+    def _origin(cls, value: str | None) -> str | None:
+        return None if value is None else cv.origin(value)
+
+    @field_validator("checksum", check_fields=False)
+    @classmethod
+    def _checksum(cls, value: str | None) -> str | None:
+        return None if value is None else cv.checksum(value.lower())
+
+    @field_validator("file_id", check_fields=False)
+    @classmethod
+    def _file_id(cls, value: str | None) -> str | None:
+        return None if value is None else cv.file_id(value)
 
 
 class EntityUpsert(_Payload):
@@ -176,22 +194,12 @@ class EntityUpsert(_Payload):
     entity: dict[str, Any]
     origin: str = cv.DEFAULT_ORIGIN
 
-    @field_validator("origin")
-    @classmethod
-    def _origin(cls, value: str) -> str:
-        return cv.origin(value)
-
 
 class EntityDelete(_Payload):
     """Tombstone the live statements of an entity (of one origin, if given)."""
 
     entity_id: str = Field(min_length=1)
     origin: str | None = None
-
-    @field_validator("origin")
-    @classmethod
-    def _origin(cls, value: str | None) -> str | None:
-        return None if value is None else cv.origin(value)
 
 
 class FileUpsert(_Payload):
@@ -207,32 +215,12 @@ class FileUpsert(_Payload):
     #: also write the file's Document entity into the journal
     document: bool = False
 
-    @field_validator("checksum")
-    @classmethod
-    def _checksum(cls, value: str | None) -> str | None:
-        return None if value is None else cv.checksum(value.lower())
-
-    @field_validator("file_id")
-    @classmethod
-    def _file_id(cls, value: str | None) -> str | None:
-        return None if value is None else cv.file_id(value)
-
 
 class FileDelete(_Payload):
     """Remove one file's metadata entry (the blob stays, as for :meth:`Archive.delete`)."""
 
     file_id: str
     checksum: str | None = None
-
-    @field_validator("checksum")
-    @classmethod
-    def _checksum(cls, value: str | None) -> str | None:
-        return None if value is None else cv.checksum(value.lower())
-
-    @field_validator("file_id")
-    @classmethod
-    def _file_id(cls, value: str) -> str:
-        return cv.file_id(value)
 
 
 PAYLOADS: Final[dict[tuple[str, str], type[_Payload]]] = {

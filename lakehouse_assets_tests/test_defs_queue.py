@@ -9,22 +9,14 @@ import pytest
 
 from lakehouse_assets.defs.partitions import DATASETS
 from lakehouse_assets.defs.queue import JOBS, SENSORS, consume_queue, queue_items
-from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.lake import Lakehouse
+from lakehouse_assets_tests.test_defs_sensors import resources
 
 
 @pytest.fixture
 def instance() -> Iterator[dg.DagsterInstance]:
     with dg.instance_for_test() as instance:
         yield instance
-
-
-def resources(lake: Lakehouse) -> dict[str, object]:
-    return {
-        "lakehouse": LakehouseResource(
-            lake_uri=lake.settings.lake_uri, journal_url=lake.settings.journal_url
-        )
-    }
 
 
 def tick(instance: dg.DagsterInstance, lake: Lakehouse) -> dg.SensorResult | dg.SkipReason:
@@ -34,7 +26,11 @@ def tick(instance: dg.DagsterInstance, lake: Lakehouse) -> dg.SensorResult | dg.
     return result
 
 
-def test_definitions_load_with_the_queue(local_lake: Lakehouse) -> None:
+def test_definitions_load_with_the_queue(
+    local_lake: Lakehouse, instance: dg.DagsterInstance
+) -> None:
+    # under a live instance: Dagster resolves new Definitions against the process's
+    # current one, and an earlier test's closed instance would be it
     defs = dg.Definitions(jobs=JOBS, sensors=SENSORS, resources=resources(local_lake))
     assert defs.resolve_job_def("consume_queue") is not None
     assert defs.resolve_sensor_def("queue_items").job_name == "consume_queue"

@@ -257,12 +257,16 @@ class WebDriver:
         requests.delete(f"{self.base}/session/{self.session}", timeout=30)
 
 
-@pytest.mark.skipif(
+NEEDS_BROWSER = pytest.mark.skipif(
     not (CHROMIUM and CHROMEDRIVER),
     reason="Chromium/chromedriver not installed (apt-get install chromium chromium-driver; "
     ".ci/run installs them)",
 )
-def test_asset_graph_in_a_real_browser(server: Server) -> None:
+
+
+@pytest.fixture
+def browser(server: Server) -> Iterator[WebDriver]:
+    """A headless Chromium through its own chromedriver, both stopped after the test."""
     port = free_port()
     driver_proc = subprocess.Popen(
         [str(CHROMEDRIVER), f"--port={port}"],
@@ -274,26 +278,32 @@ def test_asset_graph_in_a_real_browser(server: Server) -> None:
         wait_for("chromedriver", lambda: _up_driver(port), server, 30)
         driver = WebDriver(port)
         try:
-            driver.call("POST", "/url", {"url": f"{server.url}/asset-groups"})
-            names = tuple(sorted(KEYS))
-            wait_for("the asset graph", lambda: driver.shows(names), server, 90)
-            time.sleep(5)  # let the graph's layout and statuses settle before the picture
-            png = base64.b64decode(driver.call("GET", "/screenshot"))
+            yield driver
         finally:
             driver.close()
     finally:
         stop_process(driver_proc)
+
+
+def keep_screenshot(driver: WebDriver, name: str, settle: float) -> None:
+    """A picture of the page once it settled, kept in ``test-artifacts/``."""
+    time.sleep(settle)  # the graph's layout and statuses, the metadata table
+    png = base64.b64decode(driver.call("GET", "/screenshot"))
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
     ARTIFACTS.mkdir(exist_ok=True)
-    (ARTIFACTS / "asset-graph.png").write_bytes(png)
+    (ARTIFACTS / name).write_bytes(png)
 
 
-@pytest.mark.skipif(
-    not (CHROMIUM and CHROMEDRIVER),
-    reason="Chromium/chromedriver not installed (apt-get install chromium chromium-driver; "
-    ".ci/run installs them)",
-)
-def test_partition_page_shows_the_metadata(server: Server) -> None:
+@NEEDS_BROWSER
+def test_asset_graph_in_a_real_browser(server: Server, browser: WebDriver) -> None:
+    browser.call("POST", "/url", {"url": f"{server.url}/asset-groups"})
+    names = tuple(sorted(KEYS))
+    wait_for("the asset graph", lambda: browser.shows(names), server, 90)
+    keep_screenshot(browser, "asset-graph.png", settle=5)
+
+
+@NEEDS_BROWSER
+def test_partition_page_shows_the_metadata(server: Server, browser: WebDriver) -> None:
     """An operator opens `statements` for one dataset: the partition's materialization
     with its counts, table version, URI and row count is on the page."""
     wait_for(
@@ -302,32 +312,13 @@ def test_partition_page_shows_the_metadata(server: Server) -> None:
         server,
         300,
     )
-    port = free_port()
-    driver_proc = subprocess.Popen(
-        [str(CHROMEDRIVER), f"--port={port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=_restore_signals,
-    )
-    try:
-        wait_for("chromedriver", lambda: _up_driver(port), server, 30)
-        driver = WebDriver(port)
-        try:
-            url = f"{server.url}/assets/statements?view=partitions&partition={DATASET}"
-            driver.call("POST", "/url", {"url": url})
-            expected = (DATASET, "new_statements", "delta_version", "dagster/uri")
-            wait_for("the partition's metadata", lambda: driver.shows(expected), server, 90)
-            text = driver.text()
-            time.sleep(3)
-            png = base64.b64decode(driver.call("GET", "/screenshot"))
-        finally:
-            driver.close()
-    finally:
-        stop_process(driver_proc)
+    url = f"{server.url}/assets/statements?view=partitions&partition={DATASET}"
+    browser.call("POST", "/url", {"url": url})
+    expected = (DATASET, "new_statements", "delta_version", "dagster/uri", "dagster/row_count")
+    wait_for("the partition's metadata", lambda: browser.shows(expected), server, 90)
+    text = browser.text()
     assert "journal_rows_flushed" in text and "rows_by_origin" in text
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
-    ARTIFACTS.mkdir(exist_ok=True)
-    (ARTIFACTS / "asset-partition.png").write_bytes(png)
+    keep_screenshot(browser, "asset-partition.png", settle=3)
 
 
 def _up_driver(port: int) -> bool:

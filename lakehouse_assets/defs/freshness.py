@@ -22,9 +22,8 @@ from typing import Any
 import dagster as dg
 
 from lakehouse_assets.defs.batch import check_results, for_each_dataset
-from lakehouse_assets.defs.partitions import DATASETS, datasets
+from lakehouse_assets.defs.partitions import datasets, partition_datasets
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.errors import DatasetNotFoundError
 from lakehouse_assets.exports import ENTITIES, INDEX, STATEMENTS, STATISTICS
 from lakehouse_assets.freshness import GRAPH, GRAPH_CYPHER, Freshness, freshness
 from lakehouse_assets.lake import Dataset
@@ -129,11 +128,8 @@ def freshness_checks(
     except json.JSONDecodeError:
         seen = {}
     events: list[dg.AssetCheckEvaluation] = []
-    for name in sorted(context.instance.get_dynamic_partitions(DATASETS)):
-        try:
-            ds = lake.dataset(name)
-        except DatasetNotFoundError:
-            continue
+    for ds in partition_datasets(context.instance, lake):
+        name = ds.name
         states = freshness(ds)
         for key, kind in KINDS.items():
             state = states.get(kind)

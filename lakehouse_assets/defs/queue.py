@@ -14,9 +14,9 @@ asked for again on a later tick while its items stay pending.
 
 import dagster as dg
 
-from lakehouse_assets.defs.partitions import DATASETS, datasets
+from lakehouse_assets.defs.partitions import datasets, partition_datasets
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.errors import DatasetNotFoundError, LockedError
+from lakehouse_assets.errors import LockedError
 from lakehouse_assets.settings import Settings
 
 #: Runs in these states are still going to consume the queue.
@@ -94,11 +94,8 @@ def queue_items(
     lake = lakehouse.lake()
     runs: list[dg.RunRequest] = []
     busy: list[str] = []
-    for name in sorted(context.instance.get_dynamic_partitions(DATASETS)):
-        try:
-            ds = lake.dataset(name)
-        except DatasetNotFoundError:  # a partition whose dataset left the lake
-            continue
+    for ds in partition_datasets(context.instance, lake):
+        name = ds.name
         if not ds.queue.has_pending():
             continue
         if _consuming(context.instance, name):

@@ -26,9 +26,8 @@ import dagster as dg
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.archive import FileMeta
 from lakehouse_assets.defs.metadata import DATA_VERSION_TAG
-from lakehouse_assets.defs.partitions import DATASETS, datasets
+from lakehouse_assets.defs.partitions import DATASETS, datasets, partition_datasets
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.errors import DatasetNotFoundError
 from lakehouse_assets.lake import DOCUMENT_MARK, Dataset, Lakehouse
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.storage import Entry
@@ -59,16 +58,11 @@ def changed_datasets(
 ) -> Iterable[tuple[Dataset, datetime, datetime | None]]:
     """(dataset, tag now, tag at the cursor) for partitions whose ``tag`` moved."""
     cursor = _load_cursor(context.cursor)
-    known = set(context.instance.get_dynamic_partitions(DATASETS))
-    for name in sorted(known):
-        try:
-            ds = lake.dataset(name)
-        except DatasetNotFoundError:  # a partition whose dataset left the lake
-            continue
+    for ds in partition_datasets(context.instance, lake):
         ts = ds.core_tags.get(tag)
         if ts is None:
             continue
-        seen = cursor.get(name)
+        seen = cursor.get(ds.name)
         prev = datetime.fromisoformat(seen) if seen else None
         if prev is None or ts > prev:
             yield ds, ts, prev
@@ -219,11 +213,8 @@ def archive_files(
     cursor = _load_listing_cursor(context.cursor)
     events: list[dg.AssetMaterialization] = []
     runs: list[dg.RunRequest] = []
-    for name in sorted(context.instance.get_dynamic_partitions(DATASETS)):
-        try:
-            ds = lake.dataset(name)
-        except DatasetNotFoundError:
-            continue
+    for ds in partition_datasets(context.instance, lake):
+        name = ds.name
         listing = list(ds.store.entries(cv.dataset_path(name, cv.ARCHIVE) + "/"))
         digest = hashlib.sha256(
             "\n".join(f"{e.path} {e.fingerprint}" for e in listing).encode()
