@@ -193,9 +193,9 @@ def archive_documents() -> None:
     job=archive_documents,
     minimum_interval_seconds=_interval(),
     default_status=RUNNING,
-    description="Lists each dataset's `archive/` (and reads its tag `archive/last_updated`): "
-    "reports changes, including files another writer put there without the API, and "
-    "requests the Document entities of new files.",
+    description="Lists each dataset's `archive/` every tick: reports changes, including "
+    "files another writer put there without the API, and requests the Document entities "
+    "of new files.",
 )
 def archive_files(
     context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
