@@ -57,6 +57,7 @@ def scaled_entities(statements: int, source: Path = KEK) -> Iterator[bytes]:
 def write(path: Path, statements: int) -> Path:
     """Write the scaled file once (cached by size in the name)."""
     if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         with tmp.open("wb") as fh:
             for line in scaled_entities(statements):

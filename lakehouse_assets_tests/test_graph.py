@@ -253,29 +253,33 @@ def _cypher_json(text: str) -> Any:
 
 
 def _graph_of(script: str) -> tuple[dict[str, tuple[frozenset[str], dict[str, str]]], set[Any]]:
-    """Nodes (id → labels, properties; repeated MERGEs merged) and relationships."""
+    """The graph a Cypher script leaves in Neo4j, by replaying its statements in
+    order with Neo4j's semantics: ``MERGE`` finds or creates a node by id, ``SET
+    n += map`` adds properties, ``SET n:Labels`` adds labels, ``ON CREATE`` only
+    acts on a new node, and a relationship needs both ends (``MATCH``).
+    Returns nodes (id → labels without ``Entity``, properties) and
+    relationships (type, source, target, properties)."""
     import re
 
-    entity_nodes: dict[str, tuple[set[str], dict[str, str]]] = {}
-    value_nodes: dict[str, tuple[set[str], dict[str, str]]] = {}
+    nodes: dict[str, tuple[set[str], dict[str, str]]] = {}
     rels: set[Any] = set()
 
-    def node(props: dict[str, str], labels: list[str], stub: bool) -> None:
-        # a bare reference (a node without an entity: id and caption only) never
-        # overrides the entity it names, whichever comes first in the script
-        named = [label for label in labels if label != "Entity"]
-        into = value_nodes if stub else entity_nodes
-        known = into.setdefault(props["id"], (set(), {}))
-        known[0].update(named)
-        known[1].update(props)
+    def node(props: dict[str, str], labels: list[str], on_create: bool) -> None:
+        named = {label for label in labels if label != "Entity"}
+        known = nodes.get(props["id"])
+        if known is None:
+            nodes[props["id"]] = (named, dict(props))
+        elif not on_create:
+            known[0].update(named)
+            known[1].update(props)
 
     def rel(kind: str, source: str, target: str, props: dict[str, str]) -> None:
-        rels.add((kind, source, target, frozenset(props.items())))
+        if source in nodes and target in nodes:
+            rels.add((kind, source, target, frozenset(props.items())))
 
     for line in script.splitlines():
         if m := re.match(r"MERGE \(p \{ .* \}\) SET p \+= (\{.*\}) SET p :(.*);$", line):
-            props = _cypher_json(m.group(1))
-            node(props, m.group(2).split(":"), set(props) <= {"id", "caption"})
+            node(_cypher_json(m.group(1)), m.group(2).split(":"), False)
         elif m := re.match(
             r"MATCH \(s (\{.*?\})\), \(t (\{.*?\})\) MERGE \(s\)-\[:(\w+) (\{.*\})\]->\(t\);$", line
         ):
@@ -297,7 +301,6 @@ def _graph_of(script: str) -> tuple[dict[str, tuple[frozenset[str], dict[str, st
                 rel(m.group(2), row["source"], row["target"], row["props"])
         elif line.strip() and not line.startswith("CREATE CONSTRAINT"):
             raise AssertionError(f"unparsed line: {line[:120]}")
-    nodes = {**value_nodes, **entity_nodes}
     return {k: (frozenset(v[0]), v[1]) for k, v in nodes.items()}, rels
 
 
