@@ -55,8 +55,12 @@ from lakehouse_assets import faults
 from lakehouse_assets.delta import DeltaLocation
 from lakehouse_assets.errors import InvalidNameError, LakehouseError
 from lakehouse_assets.tables import (
+    STATEMENTS_PARTITION,
+    STATEMENTS_SCHEMA,
+    TRANSLOG_SCHEMA,
     DataFile,
     DatasetSnapshot,
+    arrow_dataset,
     arrow_filesystem,
     point_lookup,
 )
@@ -320,11 +324,21 @@ def update(ds: Dataset) -> GraphResult:
             generation = max(state.generations, default=0) + 1
             # a killed update may have written rows of ``generation``: skip past them
             generation = max(generation, _max_generation(ds) + 1)
-            new_rows, old_rows = changed_translog_rows(ds, old, new)
-            after, before = _live_keys(new_rows), _live_keys(old_rows)
-            added = after.join(before, keys=["origin", "id"], join_type="left anti")
-            removed = before.join(after, keys=["origin", "id"], join_type="left anti")
-            edges = _edges_of(_statement_rows(ds, new, added), generation)
+            appended = _appended_changes(ds, old, new)
+            if appended is not None:  # the flushes' own footprint: new files, tombstones
+                fresh, revived, removed = appended
+                edges = pa.concat_tables(
+                    [
+                        _edges_of(fresh, generation),
+                        _edges_of(_statement_rows(ds, new, revived), generation),
+                    ]
+                )
+            else:  # anything else (compact, optimize): compare the translogs
+                new_rows, old_rows = changed_translog_rows(ds, old, new)
+                after, before = _live_keys(new_rows), _live_keys(old_rows)
+                added = after.join(before, keys=["origin", "id"], join_type="left anti")
+                removed = before.join(after, keys=["origin", "id"], join_type="left anti")
+                edges = _edges_of(_statement_rows(ds, new, added), generation)
             try:  # which of the removed statements were edges (for the counts)
                 gone = _edges_of(_statement_rows(ds, old, removed), generation)
             except (OSError, LakehouseError):  # the old files were vacuumed
@@ -361,6 +375,59 @@ def update(ds: Dataset) -> GraphResult:
         result.edges = state.edges
         result.seconds = time.monotonic() - clock
         return result
+
+
+_KEYS: Final = ["origin", "id", "bucket"]
+
+
+def _appended_changes(
+    ds: Dataset, old: DatasetSnapshot, new: DatasetSnapshot
+) -> tuple[pa.Table, pa.Table, pa.Table] | None:
+    """What flushes changed since ``old``, read from their footprint alone:
+    ``(new statements, revived keys, removed keys)``, or ``None`` when the
+    statements table was rewritten since (compact, optimize, vacuum) and only a
+    full translog comparison can tell.
+
+    A flush appends files of statements that are new (never stored), and
+    rewrites translog files with the deletion time of what it tombstoned. So
+    the statements that became live are those of the appended files (minus
+    any a later flush tombstoned) plus stored ones whose tombstone was lifted,
+    and those that stopped being live are those tombstoned now and not before;
+    tombstones are read from the translog files that changed, and only their
+    rows that carry a deletion time (Parquet statistics skip the rest).
+    """
+    old_files = {f.path for f in old.statements.files}
+    new_files = {f.path: f for f in new.statements.files}
+    if not old_files <= new_files.keys():
+        return None
+    options = ds.statements_table.storage_options
+    appended = [f for p, f in new_files.items() if p not in old_files]
+    fresh = (
+        arrow_dataset(appended, STATEMENTS_SCHEMA, options, partition=STATEMENTS_PARTITION)
+        .to_table(filter=pc.field("prop_type") == "entity")
+        .cast(STATEMENTS_SCHEMA)
+        if appended
+        else STATEMENTS_SCHEMA.empty_table()
+    )
+    old_log = {f.path: f for f in old.translog.files}
+    new_log = {f.path: f for f in new.translog.files}
+
+    def tombstoned(files: list[DataFile]) -> pa.Table:
+        if not files:
+            return pa.table({k: pa.array([], TRANSLOG_SCHEMA.field(k).type) for k in _KEYS})
+        return arrow_dataset(files, TRANSLOG_SCHEMA, options).to_table(
+            columns=_KEYS, filter=pc.field("deleted_at").is_valid()
+        )
+
+    dead_now = tombstoned([f for p, f in new_log.items() if p not in old_log])
+    dead_before = tombstoned([f for p, f in old_log.items() if p not in new_log])
+    keys = ["origin", "id"]
+    fresh = fresh.join(dead_now.select(keys), keys=keys, join_type="left anti")
+    removed = dead_now.join(dead_before.select(keys), keys=keys, join_type="left anti")
+    # a lifted tombstone: dead in a rewritten file before, not dead in its rewrite
+    # (a row compacted away has no statement to read, so it adds nothing)
+    revived = dead_before.join(dead_now.select(keys), keys=keys, join_type="left anti")
+    return fresh.select(STATEMENTS_SCHEMA.names), revived, removed
 
 
 def _count_by_prop(edges: pa.Table) -> dict[str, int]:

@@ -11,12 +11,14 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, graph
 from lakehouse_assets.errors import InvalidNameError
 from lakehouse_assets.lake import Dataset, Lakehouse
-from lakehouse_assets_tests.conftest import cli_args, lakehouse_env, sample_entities
+from lakehouse_assets_tests.conftest import PROFILE, cli_args, lakehouse_env, sample_entities
 from lakehouse_assets_tests.test_exports import input_entities
 
 
@@ -343,3 +345,70 @@ def test_graph_exports_match_followthemoney(spark, local_lake: Lakehouse) -> Non
     assert back.number_of_nodes() == len(want_nodes)
     assert back.number_of_edges() == len(want_rels)
     assert "neo4j_import.sh" in written["neo4j"]["files"]
+
+
+# --- the incremental update as a property ----------------------------------------------
+
+
+_POOL_SIZE = 6
+
+
+def _pool() -> list[dict[str, Any]]:
+    """Entities the draws pick from: people, companies and ownerships among them
+    (some pointing at ids outside the pool)."""
+    people = [
+        {"id": f"p{i}", "schema": "Person", "properties": {"name": [f"Person {i}"]}}
+        for i in range(3)
+    ]
+    companies = [
+        {"id": f"c{i}", "schema": "Company", "properties": {"name": [f"Company {i}"]}}
+        for i in range(2)
+    ]
+    owns = [
+        {
+            "id": f"o{i}",
+            "schema": "Ownership",
+            "properties": {"owner": [f"p{i % 3}"], "asset": [f"c{i % 2}", f"x{i}"]},
+        }
+        for i in range(_POOL_SIZE)
+    ]
+    return people + companies + owns
+
+
+_STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "delete", "compact", "optimize"]),
+        st.integers(0, len(_pool()) - 1),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(max_examples=25 if PROFILE == "thorough" else 4)
+@given(rounds=st.lists(_STEPS, min_size=1, max_size=3))
+def test_updates_equal_a_rebuild(spark, tmp_path_factory, rounds) -> None:  # type: ignore[no-untyped-def]
+    """After any mix of writes, deletes, re-adds, compact and optimize, each
+    followed by a flush and an incremental update, the index holds exactly the
+    live entity-typed statements (what a rebuild would hold)."""
+    tmp = tmp_path_factory.mktemp("graph-prop")
+    lake = Lakehouse(tmp / "lake", journal_url=f"sqlite:///{tmp / 'journal.sqlite'}")
+    ds = lake.create_dataset("prop")
+    pool = _pool()
+    graph.update(ds)
+    for steps in rounds:
+        for action, index in steps:
+            if action == "add":
+                ds.add_entity(pool[index])
+            elif action == "delete":
+                ds.delete_entity(str(pool[index]["id"]))
+            elif action == "compact":
+                ds.flush()
+                ds.compact()
+            else:
+                ds.flush()
+                ds.optimize()
+        ds.flush()
+        graph.update(ds)
+        assert indexed(ds) == expected_edges(ds)
+        assert graph.status(ds)["current"]
