@@ -9,7 +9,8 @@ of ``entities.ftm.json`` so they match ``ftm export-cypher`` and
 
 - ``exports/graph.cypher``: a uniqueness constraint first, then ``UNWIND``
   lists of up to :data:`BATCH` nodes (one statement per label set) and
-  relationships (one per type) instead of one ``MERGE`` per element;
+  relationships (one per type) instead of one ``MERGE`` per element, built
+  by one DuckDB query (see :func:`write_batched_cypher`);
   ``ftm_compatible=True`` writes exactly what ``ftm export-cypher`` writes;
 - ``exports/neo4j/``: followthemoney's own ``neo4j-admin import`` layout;
 - ``exports/graph.graphml``: the same graph through networkx.
@@ -18,7 +19,6 @@ of ``entities.ftm.json`` so they match ``ftm export-cypher`` and
 from __future__ import annotations
 
 import io
-import json
 import shutil
 import tempfile
 from collections import defaultdict
@@ -61,11 +61,6 @@ def _entities(ds: Dataset) -> Iterator[EntityProxy]:
 
     for data in stream_entities(ds):
         yield model.get_proxy(data)
-
-
-def _cypher_map(data: dict[str, Any]) -> str:
-    """A Cypher map literal (keys are FtM property names, values JSON strings)."""
-    return "{" + ", ".join(f"`{k}`: {json.dumps(v)}" for k, v in data.items() if v) + "}"
 
 
 # --- graph.cypher, written by SQL --------------------------------------------------
