@@ -39,7 +39,6 @@ from followthemoney.types.common import PropertyType
 from followthemoney.util import const_case
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.errors import SourceNotFoundError
 from lakehouse_assets.storage import LocalStore
 
 if TYPE_CHECKING:
@@ -67,7 +66,8 @@ def _entities(ds: Dataset) -> Iterator[EntityProxy]:
 #
 # followthemoney's graph model (``followthemoney.graph.Graph``), stated as SQL over
 # the entities export so that DuckDB builds the script instead of a Python loop
-# over proxies (the test compares it, as sets, with followthemoney's own export):
+# over proxies (tests replay this script and followthemoney's own with Neo4j's
+# MERGE/SET semantics and compare the graphs they leave):
 #
 # - an entity of a non-edge schema is a node ``entity:{id}``, labelled with its
 #   schema's names, its attributes the exportable properties joined with "; ",
@@ -79,9 +79,11 @@ def _entities(ds: Dataset) -> Iterator[EntityProxy]:
 # - an entity of an edge schema (Ownership, ...) is a relationship of its schema
 #   name per (source, target) pair, id ``entity:{s}<{id}>entity:{t}``, with its
 #   exportable properties;
-# - a referenced id that is no node entity is a stub node labelled with the
-#   referring properties' ranges (each ``MERGE`` in followthemoney's script adds
-#   its labels) and captioned with the id; stubs only create.
+# - a referenced id is a stub captioned with the id, labelled with the range of
+#   the first reference to it in each entity's own graph (followthemoney makes
+#   one graph per entity); where the id is a node entity further down the file,
+#   those stubs' labels land on the entity (each ``MERGE`` adds its labels);
+#   stubs of ids that are no node entity only create.
 
 
 def _labels(names: Iterable[str]) -> str:
@@ -406,12 +408,9 @@ def write_batched_cypher(entities_file: Path, out: TextIO, batch: int = BATCH) -
 @contextmanager
 def _local_entities(ds: Dataset) -> Iterator[Path]:
     """The entities export as a local file (downloaded from object storage)."""
-    path = cv.dataset_path(ds.name, cv.ENTITIES_JSON)
-    if not ds.store.exists(path):
-        raise SourceNotFoundError(
-            f"Dataset {ds.name!r} has no {cv.ENTITIES_JSON} yet; "
-            f"run `lakehouse -d {ds.name} export entities` first"
-        )
+    from lakehouse_assets.query import entities_export
+
+    path = entities_export(ds)
     if isinstance(ds.store, LocalStore):
         yield ds.store.local_path(path)
         return

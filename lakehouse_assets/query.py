@@ -392,6 +392,18 @@ def get_entity(
     return None
 
 
+def entities_export(ds: Dataset) -> str:
+    """The lake path of the dataset's ``entities.ftm.json`` (a clear error if the
+    entities were never exported)."""
+    path = cv.dataset_path(ds.name, cv.ENTITIES_JSON)
+    if not ds.store.exists(path):
+        raise SourceNotFoundError(
+            f"Dataset {ds.name!r} has no {cv.ENTITIES_JSON} yet; "
+            f"run `lakehouse -d {ds.name} export entities` first"
+        )
+    return path
+
+
 def stream_entities(ds: Dataset, as_of: str | int | None = None) -> Iterator[dict[str, Any]]:
     """Entities of the last ``entities.ftm.json`` export (no flush, no Spark).
 
@@ -405,13 +417,7 @@ def stream_entities(ds: Dataset, as_of: str | int | None = None) -> Iterator[dic
         for entity in aggregate(ds.name, first_origin(statements)):
             yield entity.to_dict()
         return
-    path = cv.dataset_path(ds.name, cv.ENTITIES_JSON)
-    if not ds.store.exists(path):
-        raise SourceNotFoundError(
-            f"Dataset {ds.name!r} has no {cv.ENTITIES_JSON} yet; "
-            f"run `lakehouse -d {ds.name} export entities` first"
-        )
-    with ds.store.open_read(path) as fh:
+    with ds.store.open_read(entities_export(ds)) as fh:
         for line in fh:
             if line.strip():
                 yield json.loads(line)
