@@ -9,7 +9,9 @@ the rebuild of both directions; "who points at X" for 200 random targets
 same question answered by a full scan of the statements table (pyarrow, the
 way a reader without the index must); an incremental update after a flush
 of 1% new entities, against the rebuild; graph.cypher against followthemoney's
-``ftm export-cypher`` on the same entities. Numbers only; nothing is asserted.
+``ftm export-cypher`` on the same entities; graph.graphml and the Neo4j CSVs
+against ``ftm export-neo4j-bulk``; the whole graph export. Numbers only;
+nothing is asserted.
 """
 
 from __future__ import annotations
@@ -146,7 +148,7 @@ def cypher_times(ds: Any) -> None:
     import sys
 
     from lakehouse_assets import conventions as cv
-    from lakehouse_assets.graph_exports import write_cypher
+    from lakehouse_assets.graph_exports import GraphSQL, export_graph, write_cypher
 
     ds.export(["entities"])
     source = Path(ds.store.full_uri(cv.dataset_path(ds.name, cv.ENTITIES_JSON)))
@@ -167,6 +169,30 @@ def cypher_times(ds: Any) -> None:
         f"ftm export-cypher: {theirs:.1f} s ({theirs / ours:.1f}x)",
         flush=True,
     )
+    with tempfile.TemporaryDirectory() as tmp:
+        clock = time.monotonic()
+        with GraphSQL(source) as db:
+            with open(os.path.join(tmp, "graph.graphml"), "w") as out:
+                sizes = db.graphml(out)
+            graphml = time.monotonic() - clock
+            clock = time.monotonic()
+            db.neo4j(Path(tmp) / "neo4j")
+            neo4j = time.monotonic() - clock
+        clock = time.monotonic()
+        subprocess.run(
+            [ftm, "export-neo4j-bulk", "-i", str(source), "-o", os.path.join(tmp, "ftm-neo4j")],
+            check=True,
+        )
+        theirs = time.monotonic() - clock
+    print(
+        f"graph.graphml ({sizes['nodes']:,} nodes, {sizes['edges']:,} edges, reading the "
+        f"file included): {graphml:.1f} s; Neo4j CSVs after it: {neo4j:.1f} s; "
+        f"ftm export-neo4j-bulk: {theirs:.1f} s ({theirs / neo4j:.1f}x)",
+        flush=True,
+    )
+    clock = time.monotonic()
+    export_graph(ds, force=True)
+    print(f"export_graph (all three, the graph_cypher asset): {time.monotonic() - clock:.1f} s")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,13 @@
-"""graph.cypher written by SQL equals followthemoney's own Cypher export.
+"""The graph exports written by SQL equal followthemoney's own.
 
-The batched script is built by DuckDB from the model (no Python loop over
-proxies), so its contract is followthemoney's ``CypherGraphExporter`` on the
-same entities file: as sets of nodes (id, labels, properties) and
-relationships (type, ends, properties), parsed from both scripts. Hypothesis
+graph.cypher, graph.graphml and the Neo4j CSVs are built by DuckDB from the
+model (no Python loop over proxies), so their contract is followthemoney on
+the same entities file: for Cypher, ``CypherGraphExporter`` as sets of nodes
+(id, labels, properties) and relationships (type, ends, properties), parsed
+from both scripts; for GraphML, followthemoney's graph of the whole file put
+into networkx (the way networkx's exporters do) against what networkx reads
+back from ours; for the Neo4j CSVs, ``Neo4JCSVExporter``'s files, row for
+row. Hypothesis
 draws the entities: node and edge schemata, references to entities present
 and absent, several names (followthemoney's caption pick), two properties
 pointing at one entity, and text with quotes, backslashes, control characters
@@ -12,18 +16,23 @@ and non-BMP characters.
 
 from __future__ import annotations
 
+import csv
 import io
 import json
+import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
 from followthemoney import model
-from followthemoney.export.neo4j import CypherGraphExporter
+from followthemoney.export.graph import GraphExporter
+from followthemoney.export.neo4j import CypherGraphExporter, Neo4JCSVExporter
 from followthemoney.types import registry
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lakehouse_assets.graph_exports import write_batched_cypher
+from lakehouse_assets.graph_exports import GraphSQL, write_batched_cypher
 from lakehouse_assets_tests.conftest import PROFILE
 from lakehouse_assets_tests.test_graph import _graph_of
 
@@ -146,3 +155,137 @@ def test_cypher_sql_names_and_references(tmp_path: Path) -> None:
     assert {"LegalEntity", "Thing"} <= nodes["entity:x9"][0]
     assert counts == {"entities": 5, "nodes": len(nodes), "relationships": len(rels)}
     assert script.startswith("CREATE CONSTRAINT entity_id IF NOT EXISTS")
+
+
+# --- GraphML and the Neo4j CSVs ---------------------------------------------------------
+
+#: what XML 1.0 cannot hold (the export leaves it out)
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def followthemoney_networkx(lines: list[dict[str, Any]]) -> nx.MultiDiGraph:
+    """followthemoney's graph of the whole file in networkx, attributes as
+    networkx's exporters give them (exportable properties, schema, label,
+    weight)."""
+    exporter = GraphExporter()
+    for data in lines:
+        exporter.graph.add(model.get_proxy(data))
+    graph = nx.MultiDiGraph()
+    for node in exporter.graph.iternodes():
+        attributes = exporter.get_attributes(node)
+        attributes["schema"] = node.schema.name if node.schema else node.type.name
+        if node.caption is not None:
+            attributes["label"] = node.caption
+        graph.add_node(node.id, **attributes)
+    for edge in exporter.graph.iteredges():
+        attributes = exporter.get_attributes(edge)
+        attributes["schema"] = edge.type_name
+        attributes["weight"] = str(edge.weight)
+        graph.add_edge(edge.source_id, edge.target_id, key=edge.id, **attributes)
+    return graph
+
+
+def _elements(graph: nx.MultiDiGraph) -> tuple[dict[Any, Any], dict[Any, Any]]:
+    """Nodes and edges with their attributes, as XML can hold them (no empty
+    attribute, no character XML 1.0 lacks)."""
+
+    def clean(data: dict[str, Any]) -> dict[str, str]:
+        out = {k: _NOT_XML.sub("", v) for k, v in data.items()}
+        return {k: v for k, v in out.items() if v}
+
+    nodes = {n: clean(d) for n, d in graph.nodes(data=True)}
+    edges = {(u, v, k): clean(d) for u, v, k, d in graph.edges(keys=True, data=True)}
+    return nodes, edges
+
+
+def followthemoney_neo4j(folder: Path, lines: list[dict[str, Any]]) -> Path:
+    exporter = Neo4JCSVExporter(folder)
+    for data in lines:
+        exporter.write(model.get_proxy(data))
+    exporter.finalize()
+    return folder
+
+
+def _csv_files(folder: Path) -> dict[str, Any]:
+    """Each CSV's header and rows (a multiset; label cells with their names
+    sorted, since followthemoney's order is a set's), and the script's lines."""
+    found: dict[str, Any] = {}
+    for path in sorted(folder.iterdir()):
+        if path.suffix != ".csv":
+            found[path.name] = sorted(path.read_text(encoding="utf-8").splitlines())
+            continue
+        with path.open(encoding="utf-8", newline="") as fh:
+            header, *rows = list(csv.reader(fh))
+        if header[:2] == ["id:ID", ":LABEL"]:
+            rows = [[r[0], ";".join(sorted(r[1].split(";"))), *r[2:]] for r in rows]
+        found[path.name] = (header, Counter(tuple(r) for r in rows))
+    return found
+
+
+def _our_files(tmp: Path, lines: list[dict[str, Any]]) -> tuple[Path, Path, dict[str, int]]:
+    path = tmp / "entities.ftm.json"
+    path.write_text("".join(json.dumps(d) + "\n" for d in lines), encoding="utf-8")
+    with GraphSQL(path) as db:
+        with (tmp / "graph.graphml").open("w", encoding="utf-8") as fh:
+            counts = db.graphml(fh)
+        db.neo4j(tmp / "neo4j")
+    return tmp / "graph.graphml", tmp / "neo4j", counts
+
+
+@settings(max_examples=200 if PROFILE == "thorough" else 40)
+@given(entities())
+def test_graphml_and_neo4j_sql_equal_followthemoney(
+    tmp_path_factory: Any, lines: list[dict[str, Any]]
+) -> None:
+    tmp = tmp_path_factory.mktemp("graphml")
+    graphml, neo4j, counts = _our_files(tmp, lines)
+    back = nx.read_graphml(graphml, force_multigraph=True, edge_key_type=str)
+    want = followthemoney_networkx(lines)
+    assert _elements(back) == _elements(want)
+    assert counts == {"nodes": want.number_of_nodes(), "edges": want.number_of_edges()}
+    theirs = followthemoney_neo4j(tmp / "ftm-neo4j", lines)
+    assert _csv_files(neo4j) == _csv_files(theirs)
+
+
+def test_graphml_and_neo4j_cases(tmp_path: Path) -> None:
+    """Spelled out: markup and line breaks in values and ids, a stub whose
+    first reference decides its schema, an edge entity with two owners (two
+    edges, two Neo4j rows), a reference that is not matchable (no link), and
+    Person's own ``weight`` property beside the edges' weight."""
+    lines = [
+        {
+            "id": "p<1>&",
+            "schema": "Person",
+            "properties": {"name": ['A "B" <C> & D\r\nE\tF'], "weight": ["80 kg"]},
+        },
+        {"id": "n1", "schema": "Note", "properties": {"entity": ["x9"], "description": ["d"]}},
+        {
+            "id": "o1",
+            "schema": "Ownership",
+            "properties": {"owner": ["p<1>&", "x9"], "asset": ["c1"], "percentage": ["50"]},
+        },
+        {"id": "c1", "schema": "Company", "properties": {"name": ["C"], "parent": ["x9"]}},
+    ]
+    graphml, neo4j, counts = _our_files(tmp_path, lines)
+    back = nx.read_graphml(graphml, force_multigraph=True, edge_key_type=str)
+    want = followthemoney_networkx(lines)
+    assert _elements(back) == _elements(want)
+    assert back.nodes["entity:p<1>&"]["name"] == 'A "B" <C> & D\r\nE\tF'
+    assert back.nodes["entity:p<1>&"]["weight"] == "80 kg"
+    # x9 is first referred to by Note.entity (a Thing)
+    assert back.nodes["entity:x9"] == {"schema": "Thing", "label": "x9"}
+    owned = [k for _, _, k in back.edges(keys=True) if "<o1>" in k]
+    assert sorted(owned) == ["entity:p<1>&<o1>entity:c1", "entity:x9<o1>entity:c1"]
+    assert counts["edges"] == back.number_of_edges()
+    ours, theirs = _csv_files(neo4j), _csv_files(followthemoney_neo4j(tmp_path / "ftm", lines))
+    assert ours == theirs
+    assert set(ours) == {
+        "_links.csv",
+        "_nodes.csv",
+        "Company.csv",
+        "Note.csv",
+        "Ownership.csv",
+        "Person.csv",
+        "neo4j_import.sh",
+    }
+    assert sum(ours["Ownership.csv"][1].values()) == 2
