@@ -268,32 +268,37 @@ WHERE id IS NOT NULL AND id <> ''
 """,
         f"CREATE TEMP VIEW node_ent AS SELECT * FROM ent WHERE schema IN ({present.node_names()})",
         f"CREATE TEMP VIEW edge_ent AS SELECT * FROM ent WHERE schema IN ({present.edge_names()})",
-        # entity-typed values of node entities
+        # entity-typed values of node entities (unnest in the select list with
+        # generate_subscripts for the positions: a lateral join costs 3x)
         f"""
 CREATE TEMP TABLE refs AS
-SELECT e.id AS source, e.schema, e.ord, r.entry.key AS prop, u.value AS target, r.pos, u.vpos
-FROM (SELECT id, schema, ord, {_by_schema(present.nodes, _refs_sql, _NO_ENTRIES)} AS entries
-      FROM node_ent) e,
-     unnest(e.entries) WITH ORDINALITY AS r(entry, pos),
-     unnest(r.entry.value) WITH ORDINALITY AS u(value, vpos)
+SELECT source, schema, ord, entry.key AS prop, unnest(entry.value) AS target, pos,
+       generate_subscripts(entry.value, 1) AS vpos
+FROM (
+    SELECT id AS source, schema, ord, unnest(entries) AS entry,
+           generate_subscripts(entries, 1) AS pos
+    FROM (SELECT id, schema, ord, {_by_schema(present.nodes, _refs_sql, _NO_ENTRIES)} AS entries
+          FROM node_ent)
+)
 """,
         # (source, target) of edge entities
         f"""
 CREATE TEMP TABLE pairs AS
-SELECT e.id, e.schema, e.properties, e.ord, s.value AS source, t.value AS target,
-       e.source_names, e.target_names, e.source_range, e.target_range, s.i, t.j,
-       len(e.targets) AS nt
+SELECT id, schema, ord, source, unnest(targets) AS target, source_names, target_names,
+       source_range, target_range, i, generate_subscripts(targets, 1) AS j, len(targets) AS nt
 FROM (
-    SELECT id, schema, properties, ord,
-           {_by_schema(edges, lambda s: f"properties[{_sql_text(_end(s, 'source').name)}]", _NO_VALUES)} AS sources,
-           {_by_schema(edges, lambda s: f"properties[{_sql_text(_end(s, 'target').name)}]", _NO_VALUES)} AS targets,
-           {_by_schema(edges, lambda s: _sql_list(sorted(_range(s, "source").names)), _NO_VALUES)} AS source_names,
-           {_by_schema(edges, lambda s: _sql_list(sorted(_range(s, "target").names)), _NO_VALUES)} AS target_names,
-           {_by_schema(edges, lambda s: _sql_text(_range(s, "source").name), "NULL")} AS source_range,
-           {_by_schema(edges, lambda s: _sql_text(_range(s, "target").name), "NULL")} AS target_range
-    FROM edge_ent
-) e, unnest(e.sources) WITH ORDINALITY AS s(value, i),
-     unnest(e.targets) WITH ORDINALITY AS t(value, j)
+    SELECT *, unnest(sources) AS source, generate_subscripts(sources, 1) AS i
+    FROM (
+        SELECT id, schema, ord,
+               {_by_schema(edges, lambda s: f"properties[{_sql_text(_end(s, 'source').name)}]", _NO_VALUES)} AS sources,
+               {_by_schema(edges, lambda s: f"properties[{_sql_text(_end(s, 'target').name)}]", _NO_VALUES)} AS targets,
+               {_by_schema(edges, lambda s: _sql_list(sorted(_range(s, "source").names)), _NO_VALUES)} AS source_names,
+               {_by_schema(edges, lambda s: _sql_list(sorted(_range(s, "target").names)), _NO_VALUES)} AS target_names,
+               {_by_schema(edges, lambda s: _sql_text(_range(s, "source").name), "NULL")} AS source_range,
+               {_by_schema(edges, lambda s: _sql_text(_range(s, "target").name), "NULL")} AS target_range
+        FROM edge_ent
+    )
+)
 """,
         # followthemoney makes a stub of the first reference to an id (with that
         # property's range): for a node entity the first in property and value
@@ -378,8 +383,9 @@ rels AS (
            '{{source: ' || cypher_text('entity:' || source) || ', target: ' || cypher_text('entity:' || target)
            || ', props: {{`id`: ' || cypher_text('entity:' || source || '<' || id || '>entity:' || target)
            || ', `weight`: "1.0"'
-           || coalesce(', ' || nullif({_by_schema(edges, _cypher_attrs_sql, "''")}, ''), '') || '}}}}'
-    FROM pairs
+           || coalesce(', ' || nullif(attrs, ''), '') || '}}}}'
+    FROM pairs JOIN (SELECT ord, {_by_schema(edges, _cypher_attrs_sql, "''")} AS attrs
+                     FROM edge_ent) USING (ord)
 ),
 elements AS (
     SELECT * FROM nodes UNION ALL SELECT * FROM stub_nodes UNION ALL SELECT * FROM rels
@@ -509,9 +515,13 @@ SELECT 3, ord, (i - 1) * nt + j,
        || xml_text('entity:' || target) || '" id="'
        || xml_text('entity:' || source || '<' || id || '>entity:' || target) || '">'
        || {data("e", "schema", "schema")} || {data("e", "weight", "'1.0'")}
-       || {_by_schema(edges, lambda s: _fields_sql(s, _graphml_data("e"), "", _EDGE_OWN), "''")}
-       || '</edge>'
-FROM pairs
+       || attrs || '</edge>'
+FROM pairs JOIN (
+    SELECT ord,
+           {_by_schema(edges, lambda s: _fields_sql(s, _graphml_data("e"), "", _EDGE_OWN), "''")}
+           AS attrs
+    FROM edge_ent
+) USING (ord)
 ORDER BY kind, o1, o2, line
 """
 
@@ -560,8 +570,9 @@ UNION ALL
 SELECT schema, ord, (i - 1) * nt + j,
        csv_cell(id) || ',' || csv_cell({_by_schema(edges, lambda s: _sql_text(const_case(s.name)), "NULL")})
        || ',' || csv_cell('entity:' || source) || ',' || csv_cell('entity:' || target)
-       || {_by_schema(edges, _columns_sql, "''")}
-FROM pairs
+       || columns
+FROM pairs JOIN (SELECT ord, {_by_schema(edges, _columns_sql, "''")} AS columns FROM edge_ent)
+     USING (ord)
 UNION ALL
 SELECT '{_LINKS}', ord, pos * 1000000 + vpos,
        csv_cell(rel_type) || ',' || csv_cell('entity:' || source) || ','
