@@ -568,7 +568,12 @@ def _lookup(
         files.append(DataFile(f"{root}/{f['path']}", str(f["path"]), 0, {"prop": prop}, None, None))
     # bloom filters on the lookup column skip the row groups min/max cannot
     return point_lookup(
-        files, EDGE_SCHEMA, location.storage_options, {column: [entity_id]}, partition="prop"
+        files,
+        EDGE_SCHEMA,
+        location.storage_options,
+        {column: [entity_id]},
+        partition="prop",
+        same_schema=True,  # every file of the index is written with EDGE_SCHEMA
     )
 
 

@@ -277,6 +277,7 @@ def point_lookup(
     *,
     columns: Sequence[str] | None = None,
     partition: str | None = None,
+    same_schema: bool = False,
 ) -> pa.Table:
     """Rows whose columns hold one of the given values (``{"id": [...], "bucket": [3]}``):
     the interactive reads' path to a few rows among millions.
@@ -287,7 +288,9 @@ def point_lookup(
     no min/max can narrow, costs milliseconds instead of a scan. pyarrow,
     which reads no bloom filters, does the same on S3 (DuckDB would need its
     httpfs extension, which is downloaded at run time). Columns a file lacks
-    (written before they existed) read as NULL either way.
+    (written before they existed) read as NULL either way, unless the caller
+    says every file has the same columns (``same_schema``: DuckDB then skips
+    reconciling the files' schemas, a millisecond a lookup).
     """
     names = list(columns or schema.names)
     if not files or not where or any(not values for values in where.values()):
@@ -295,7 +298,7 @@ def point_lookup(
     few = sum(len(values) for values in where.values()) <= POINT_VALUES
     if few and all("://" not in f.uri or f.uri.startswith("file://") for f in files):
         try:
-            return _duckdb_lookup(files, schema, where, names, partition)
+            return _duckdb_lookup(files, schema, where, names, partition, same_schema)
         except Exception as exc:  # noqa: BLE001 - e.g. a column no file has yet
             log.debug("point lookup by DuckDB failed (%s); reading with pyarrow", exc)
     expression: pc.Expression | None = None
@@ -326,8 +329,10 @@ def _duckdb_lookup(
     where: Mapping[str, Sequence[str | int]],
     names: list[str],
     partition: str | None,
+    same_schema: bool = False,
 ) -> pa.Table:
     paths = [f.uri.removeprefix("file://") for f in files]
+    union = "" if same_schema else "union_by_name = true, "
     stored = [n for n in names if n != partition]
     select = ", ".join(f'"{n}"' for n in stored)
     conditions = " AND ".join(
@@ -337,8 +342,8 @@ def _duckdb_lookup(
     con = _duckdb().cursor()  # a connection costs ~6 ms, a cursor on one nothing
     try:
         table = con.execute(
-            f"SELECT {select}, filename FROM read_parquet(?, union_by_name = true, "
-            f"filename = true) WHERE {conditions}",
+            f"SELECT {select}, filename FROM read_parquet(?, {union}filename = true) "
+            f"WHERE {conditions}",
             [paths, *params],
         ).to_arrow_table()
     finally:
