@@ -306,29 +306,39 @@ def _graph_of(script: str) -> tuple[dict[str, tuple[frozenset[str], dict[str, st
     return {k: (frozenset(v[0]), v[1]) for k, v in nodes.items()}, rels
 
 
-def test_graph_exports_match_followthemoney(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_graph_exports_match_followthemoney(spark, lake: Lakehouse, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The three graph exports of a dataset, on a local lake and on S3: each
+    equals followthemoney's own export of the same entities file; a re-export
+    removes Neo4j files of schemata no longer present."""
     import io
 
     import networkx as nx
     from followthemoney import model
     from followthemoney.export.neo4j import CypherGraphExporter
 
-    from lakehouse_assets import conventions as cv
     from lakehouse_assets import graph_exports
+    from lakehouse_assets_tests.test_graph_exports import (
+        _csv_files,
+        _elements,
+        followthemoney_neo4j,
+        followthemoney_networkx,
+    )
 
-    ds = local_lake.create_dataset("cypher")
-    entities = input_entities()
+    ds = lake.create_dataset("cypher")
     with ds.bulk() as bulk:
-        for e in entities:
+        for e in input_entities():
             bulk.add_entity(e)
     ds.make()
+    stale = cv.dataset_path(ds.name, graph_exports.NEO4J, "Vessel.csv")
+    ds.store.write_bytes(stale, b"left from an earlier export\n")
     written = graph_exports.export_graph(ds)
     ours = ds.store.read_text(cv.dataset_path(ds.name, graph_exports.CYPHER))
     assert ours.startswith("CREATE CONSTRAINT entity_id IF NOT EXISTS")
-    # followthemoney's own export of the same entities (the exported entities file)
+    # followthemoney's own exports of the same entities (the exported entities file)
+    lines = list(ds.stream_entities())
     theirs = io.StringIO()
     exporter = CypherGraphExporter(theirs)
-    for data in ds.stream_entities():
+    for data in lines:
         exporter.write(model.get_proxy(data))
     exporter.finalize()
     nodes, rels = _graph_of(ours)
@@ -339,12 +349,23 @@ def test_graph_exports_match_followthemoney(spark, local_lake: Lakehouse) -> Non
     same = io.StringIO()
     graph_exports.write_cypher(ds, same, ftm_compatible=True)
     assert same.getvalue() == theirs.getvalue()
-    # GraphML reads back with networkx: the same nodes and relationships
-    path = Path(local_lake.store.uri.removeprefix("file://")) / ds.name / graph_exports.GRAPHML
-    back = nx.read_graphml(path)
+    # GraphML: networkx reads back followthemoney's graph, node for node
+    graphml = ds.store.read_text(cv.dataset_path(ds.name, graph_exports.GRAPHML))
+    back = nx.parse_graphml(graphml, force_multigraph=True, edge_key_type=str)
+    want = followthemoney_networkx(lines)
+    assert _elements(back) == _elements(want)
     assert back.number_of_nodes() == len(want_nodes)
-    assert back.number_of_edges() == len(want_rels)
+    assert back.number_of_edges() == len(want_rels) == written["graphml"]["edges"]
+    # the Neo4j files as followthemoney writes them; the stale one is gone
+    assert not ds.store.exists(stale)
+    folder = tmp_path / "ours"
+    folder.mkdir()
+    for name in written["neo4j"]["files"]:
+        path = cv.dataset_path(ds.name, graph_exports.NEO4J, name)
+        (folder / name).write_bytes(ds.store.read_bytes(path))
     assert "neo4j_import.sh" in written["neo4j"]["files"]
+    assert _csv_files(folder) == _csv_files(followthemoney_neo4j(tmp_path / "ftm", lines))
+    assert graph_exports.export_graph(ds) == {"skipped": "fresh"}
 
 
 # --- the incremental update as a property ----------------------------------------------
