@@ -612,7 +612,15 @@ class GraphSQL:
     def __init__(self, entities_file: Path) -> None:
         import duckdb
 
-        self.con = con = duckdb.connect(config={"threads": 2})
+        self.con = duckdb.connect(config={"threads": 2})
+        try:
+            self._load(entities_file)
+        except BaseException:
+            self.con.close()
+            raise
+
+    def _load(self, entities_file: Path) -> None:
+        con = self.con
         con.register("props", _props_table())
         con.execute(
             f"CREATE MACRO labels(names) AS '`{ENTITY_LABEL}`' || array_to_string("
