@@ -582,12 +582,30 @@ def make(ds: Dataset, force: bool = False) -> ExportResult:
 #: when they exist, stamped by the tag of their export.
 GRAPH_RESOURCES: dict[str, tuple[str, str, str]] = {
     "graph_cypher": (cv.GRAPH_CYPHER, cv.EXPORTS_GRAPH, "application/x-cypher-query"),
-    "graph_graphml": ("exports/graph.graphml", cv.EXPORTS_GRAPH, "application/graphml+xml"),
+    "graph_graphml": (cv.GRAPH_GRAPHML, cv.EXPORTS_GRAPH, "application/graphml+xml"),
 }
+
+
+def _neo4j_resources(ds: Dataset) -> list[tuple[str, str, str]]:
+    """``(path, tag, mime type)`` of each Neo4j bulk-import file present (one
+    per schema, so listed from the lake)."""
+    prefix = cv.dataset_path(ds.name, cv.GRAPH_NEO4J) + "/"
+    found = []
+    for full in sorted(ds.store.list(prefix)):
+        name = full[len(prefix) :]
+        mime = "text/csv" if name.endswith(".csv") else "text/x-shellscript"
+        found.append((f"{cv.GRAPH_NEO4J}/{name}", cv.EXPORTS_GRAPH, mime))
+    return found
 
 
 def _resource(ds: Dataset, kind: str) -> dict[str, Any] | None:
     path, tag, mime = EXPORTS[kind] if kind in EXPORTS else GRAPH_RESOURCES[kind]
+    return _resource_of(ds, path, tag, mime)
+
+
+def _resource_of(ds: Dataset, path: str, tag: str, mime: str) -> dict[str, Any] | None:
+    """A file of the dataset as an index.json resource (``None`` if absent);
+    graph files are named by their path under ``exports/`` (``neo4j/Person.csv``)."""
     full = cv.dataset_path(ds.name, path)
     if not ds.store.exists(full):
         return None
@@ -595,8 +613,13 @@ def _resource(ds: Dataset, kind: str) -> dict[str, Any] | None:
     with ds.store.open_read(full) as fh:
         while chunk := fh.read(8 * 1024 * 1024):
             digest.update(chunk)
+    name = (
+        path.removeprefix("exports/")
+        if path.startswith(cv.GRAPH_NEO4J)
+        else path.rsplit("/", 1)[-1]
+    )
     resource = DataResource(
-        name=path.rsplit("/", 1)[-1],
+        name=name,
         url=f"{ds.settings.public_url.rstrip('/')}/{full}" if ds.settings.public_url else None,
         checksum=digest.hexdigest(),
         timestamp=ds.core_tags.get(tag),
@@ -635,6 +658,7 @@ def export_index(
     stats = json.loads(ds.store.read_text(stats_path)) if ds.store.exists(stats_path) else None
     kinds = (STATEMENTS, ENTITIES, STATISTICS, *GRAPH_RESOURCES)
     resources = [r for k in kinds if (r := _resource(ds, k))]
+    resources += [r for spec in _neo4j_resources(ds) if (r := _resource_of(ds, *spec))]
     now = cv.utcnow()
     data = config.model_dump(mode="json", exclude_none=True, exclude={"resources"})
     data.update(

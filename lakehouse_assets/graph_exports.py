@@ -58,8 +58,8 @@ ENTITY_LABEL: Final = "Entity"
 CYPHER: Final = cv.GRAPH_CYPHER
 #: followthemoney's choice of exported properties (not hidden, not entity-typed)
 _EXPORTER: Final = GraphExporter()
-GRAPHML: Final = "exports/graph.graphml"
-NEO4J: Final = "exports/neo4j"
+GRAPHML: Final = cv.GRAPH_GRAPHML
+NEO4J: Final = cv.GRAPH_NEO4J
 
 
 def _entities(ds: Dataset) -> Iterator[EntityProxy]:

@@ -366,6 +366,17 @@ def test_graph_exports_match_followthemoney(spark, lake: Lakehouse, tmp_path: Pa
     assert "neo4j_import.sh" in written["neo4j"]["files"]
     assert _csv_files(folder) == _csv_files(followthemoney_neo4j(tmp_path / "ftm", lines))
     assert graph_exports.export_graph(ds) == {"skipped": "fresh"}
+    # all of them listed in index.json (written with the next published version)
+    ds.add_entity({"id": "late-1", "schema": "Person", "properties": {"name": ["Late"]}})
+    ds.make()
+    index = json.loads(ds.store.read_text(cv.dataset_path(ds.name, cv.INDEX)))
+    listed = {r["name"]: r for r in index["resources"]}
+    graph_files = {"graph.cypher", "graph.graphml"} | {
+        f"neo4j/{name}" for name in written["neo4j"]["files"]
+    }
+    assert graph_files <= listed.keys()
+    assert all(listed[name]["checksum"] for name in graph_files)
+    assert listed["neo4j/_links.csv"]["path"] == "exports/neo4j/_links.csv"
 
 
 # --- the incremental update as a property ----------------------------------------------
