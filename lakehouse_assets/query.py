@@ -77,25 +77,9 @@ def live_statements(
     log_columns = ["origin", "id", "first_seen", "last_seen", "deleted_at"]
     if buckets and entity_ids:
         # a point read (get, trace, refs' captions): bloom filters and statistics
-        if origin is not None:
-            wanted = cv.origin(origin)
-            main_files = [f for f in main_files if f.partition_values.get("origin") == wanted]
-        rows = point_lookup(
-            main_files,
-            STATEMENTS_SCHEMA,
-            options,
-            {"bucket": buckets, "canonical_id": list(entity_ids)},
-            partition=STATEMENTS_PARTITION,
-        )
+        rows, log = _point_read(ds, snapshot, entity_ids, origin, log_columns)
         if rows.num_rows == 0:
             return pa.Table.from_batches([], schema=LIVE_SCHEMA)
-        log = point_lookup(
-            log_files,
-            TRANSLOG_SCHEMA,
-            options,
-            {"bucket": buckets, "id": pc.unique(rows.column("id")).to_pylist()},
-            columns=log_columns,
-        )
     else:
         # pyarrow filters the scans (pruning row groups by their statistics); the
         # filters are ours, so they bind to whatever string type a file was written
@@ -177,6 +161,69 @@ def bucket_ranges(snapshot: DatasetSnapshot, chunk_bytes: int) -> list[tuple[int
     if start < BUCKETS:
         ranges.append((start, BUCKETS - 1))
     return ranges
+
+
+#: Up to this many buckets, a point read queries each bucket on its own (its
+#: files only, its ids only); above it, one query over the files of the span.
+#: DuckDB prunes row groups well by min/max and bloom filters for one bucket,
+#: poorly for an IN list spread over buckets; but each query reopens its files,
+#: which costs more than the pruning saves where files are large and hold many
+#: buckets (a table not yet optimized) and the buckets are many. Measured with
+#: `refs` (the captions of the other entities), 200 lookups: 10M median 380 ->
+#: 110 ms, p95 3.0 -> 2.1 s; 1M median 169 -> 71 ms, p95 388 -> 407 ms. With 64
+#: the 10M p95 was 1.3 s but the 1M p95 0.83 s; a rule by the files' bytes did
+#: worse than either.
+POINT_BUCKETS = 8
+
+
+def _point_read(
+    ds: Dataset,
+    snapshot: DatasetSnapshot,
+    entity_ids: Sequence[str],
+    origin: str | None,
+    log_columns: list[str],
+) -> tuple[pa.Table, pa.Table]:
+    """The statement rows of some entities (live or not) and their translog rows."""
+    options = ds.statements_table.storage_options
+    groups: dict[int, list[str]] = {}
+    for entity_id in entity_ids:
+        groups.setdefault(bucket_of(entity_id), []).append(entity_id)
+    low, high = min(groups), max(groups)
+    if len(groups) <= POINT_BUCKETS:
+        spans = [((b, b), [b], ids) for b, ids in sorted(groups.items())]
+    else:
+        spans = [((low, high), sorted(groups), list(entity_ids))]
+    wanted = cv.origin(origin) if origin is not None else None
+    rows_parts, log_parts = [], []
+    for span, buckets, ids in spans:
+        files = snapshot.statements.select(span)
+        if wanted is not None:
+            files = [f for f in files if f.partition_values.get("origin") == wanted]
+        rows = point_lookup(
+            files,
+            STATEMENTS_SCHEMA,
+            options,
+            {"bucket": buckets, "canonical_id": ids},
+            partition=STATEMENTS_PARTITION,
+        )
+        if rows.num_rows == 0:
+            continue
+        rows_parts.append(rows)
+        log_parts.append(
+            point_lookup(
+                snapshot.translog.select(span),
+                TRANSLOG_SCHEMA,
+                options,
+                {"bucket": buckets, "id": pc.unique(rows.column("id")).to_pylist()},
+                columns=log_columns,
+            )
+        )
+    if not rows_parts:
+        return STATEMENTS_SCHEMA.empty_table(), TRANSLOG_SCHEMA.empty_table().select(log_columns)
+    return (
+        pa.concat_tables(rows_parts, promote_options="permissive"),
+        pa.concat_tables(log_parts, promote_options="permissive"),
+    )
 
 
 def live_chunks(

@@ -89,3 +89,15 @@ def test_query_streams_a_range_of_buckets_at_a_time(spark, lake: Lakehouse) -> N
     assert len(streamed) == len({e.id for e in streamed})  # no entity split over chunks
     assert {e.id: e.to_dict() for e in streamed} == whole
     assert sorted(whole["p-3"]["properties"]["nationality"]) == ["de"]
+    # a read by ids, bucket by bucket (few buckets) or as one query (many): the
+    # same entities as the whole table holds, the deleted one absent, origins kept
+    from lakehouse_assets.journal import bucket_of
+    from lakehouse_assets.query import POINT_BUCKETS
+
+    for ids in (["p-3", "p-4", "p-7"], [f"p-{i}" for i in range(0, 120, 4)] + ["p-7", "nobody"]):
+        wanted = {i for i in ids if i in whole}
+        got = {e.id: e.to_dict() for e in ds.query(entity_ids=ids, flush=False)}
+        assert got == {i: whole[i] for i in wanted}
+    assert len({bucket_of(f"p-{i}") for i in range(0, 120, 4)}) > POINT_BUCKETS
+    only_b = {e.id for e in ds.query(entity_ids=["p-3", "p-4"], origin="b", flush=False)}
+    assert only_b == {"p-3"}
