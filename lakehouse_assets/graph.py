@@ -33,7 +33,8 @@ leaves rows nobody reads, and the next update (from the state before it)
 redoes its work: no edge is lost or doubled. A rebuild marks the state
 ``rebuilding`` first; an update that finds that mark rebuilds.
 
-Interactive reads never start Spark: pyarrow reads the pruned files.
+Interactive reads never start Spark: DuckDB reads the pruned files (pyarrow on
+S3, where DuckDB would need an extension downloaded at run time).
 """
 
 from __future__ import annotations
