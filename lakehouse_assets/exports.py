@@ -586,15 +586,17 @@ GRAPH_RESOURCES: dict[str, tuple[str, str, str]] = {
 }
 
 
-def _neo4j_resources(ds: Dataset) -> list[tuple[str, str, str]]:
-    """``(path, tag, mime type)`` of each Neo4j bulk-import file present (one
-    per schema, so listed from the lake)."""
+def _neo4j_resources(ds: Dataset) -> list[dict[str, Any]]:
+    """Each Neo4j bulk-import file present (one per schema, so listed from the
+    lake), named ``neo4j/{file}``."""
     prefix = cv.dataset_path(ds.name, cv.GRAPH_NEO4J) + "/"
     found = []
     for full in sorted(ds.store.list(prefix)):
         name = full[len(prefix) :]
         mime = "text/csv" if name.endswith(".csv") else "text/x-shellscript"
-        found.append((f"{cv.GRAPH_NEO4J}/{name}", cv.EXPORTS_GRAPH, mime))
+        path = f"{cv.GRAPH_NEO4J}/{name}"
+        if resource := _resource_of(ds, path, cv.EXPORTS_GRAPH, mime, f"neo4j/{name}"):
+            found.append(resource)
     return found
 
 
@@ -603,9 +605,11 @@ def _resource(ds: Dataset, kind: str) -> dict[str, Any] | None:
     return _resource_of(ds, path, tag, mime)
 
 
-def _resource_of(ds: Dataset, path: str, tag: str, mime: str) -> dict[str, Any] | None:
-    """A file of the dataset as an index.json resource (``None`` if absent);
-    graph files are named by their path under ``exports/`` (``neo4j/Person.csv``)."""
+def _resource_of(
+    ds: Dataset, path: str, tag: str, mime: str, name: str | None = None
+) -> dict[str, Any] | None:
+    """A file of the dataset as an index.json resource (``None`` if absent),
+    named by its file name unless ``name`` says otherwise."""
     full = cv.dataset_path(ds.name, path)
     if not ds.store.exists(full):
         return None
@@ -613,13 +617,8 @@ def _resource_of(ds: Dataset, path: str, tag: str, mime: str) -> dict[str, Any] 
     with ds.store.open_read(full) as fh:
         while chunk := fh.read(8 * 1024 * 1024):
             digest.update(chunk)
-    name = (
-        path.removeprefix("exports/")
-        if path.startswith(cv.GRAPH_NEO4J)
-        else path.rsplit("/", 1)[-1]
-    )
     resource = DataResource(
-        name=name,
+        name=name or path.rsplit("/", 1)[-1],
         url=f"{ds.settings.public_url.rstrip('/')}/{full}" if ds.settings.public_url else None,
         checksum=digest.hexdigest(),
         timestamp=ds.core_tags.get(tag),
@@ -658,7 +657,7 @@ def export_index(
     stats = json.loads(ds.store.read_text(stats_path)) if ds.store.exists(stats_path) else None
     kinds = (STATEMENTS, ENTITIES, STATISTICS, *GRAPH_RESOURCES)
     resources = [r for k in kinds if (r := _resource(ds, k))]
-    resources += [r for spec in _neo4j_resources(ds) if (r := _resource_of(ds, *spec))]
+    resources += _neo4j_resources(ds)
     now = cv.utcnow()
     data = config.model_dump(mode="json", exclude_none=True, exclude={"resources"})
     data.update(
