@@ -96,8 +96,12 @@ def s3_endpoint() -> Iterator[str]:
         preexec_fn=_restore_signals,
     )
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
+    # generous: on a fresh checkout two workers import moto (and compile its
+    # bytecode) at once beside running JVMs, which once took over 20 s
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"moto_server exited with code {proc.returncode} before listening")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 break
@@ -105,7 +109,7 @@ def s3_endpoint() -> Iterator[str]:
             time.sleep(0.1)
     else:
         stop_process(proc)
-        pytest.fail("moto_server did not start")
+        pytest.fail("moto_server did not start within 90 s")
     yield endpoint
     stop_process(proc)
 
