@@ -1,21 +1,23 @@
 """The four exports: statements.csv, entities.ftm.json, statistics.json, index.json.
 
 statements.csv, entities.ftm.json and statistics.json come from one Spark
-pass over the live statements, range-partitioned and sorted by
-``(canonical_id, prop, value, origin, id)``. Each task walks its sorted rows
-once and writes what was asked for:
+plan over the live statements, range-partitioned by ``canonical_id`` and
+sorted by ``(canonical_id, prop, value, origin, id)``, all of it Spark SQL
+(:mod:`lakehouse_assets.spark.ftm_sql`; tests compare it with
+followthemoney's and ftmq's own code):
 
-- CSV rows in followthemoney's statement CSV columns and dialect;
-- one entity per line, built by followthemoney itself
-  (``StatementEntity.from_statements`` + its ``write_entity``), so the export
-  equals followthemoney's aggregation of the same statements;
-- partial statistics from ftmq's own ``Collector``, merged on the driver into
-  a ``DatasetStats``.
+- CSV lines in followthemoney's statement CSV columns and dialect;
+- one entity per line: followthemoney's ``StatementEntity.from_statements``
+  and ``to_dict`` as aggregations (captions picked among several names by
+  rigour in a Python UDF that sees those names only);
+- ftmq's ``DatasetStats`` from one aggregation collected to the driver.
 
-Tasks write part files into a staging folder of the lake; the driver joins
-the parts in partition order (range partitioning makes that the global
-order), hashes them on the way, and replaces the target in one atomic step,
-so a crash mid-export leaves the previous file as it was.
+Spark's own text writer puts the lines of each partition into a part file in
+the run's staging area of the lake (for S3 lakes, without ``s3a``, each task
+writes its lines through the lake's filesystem); the driver joins the parts
+in partition order (range partitioning makes that the global order), hashes
+them on the way, and replaces the target in one atomic step, so a crash
+mid-export leaves the previous file as it was.
 
 **Freshness** comes from what an export read, never from the clock at its
 end. An export pins one :class:`DatasetSnapshot` after its flush-first and
@@ -33,14 +35,11 @@ aggregation does.
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import os
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -49,13 +48,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from followthemoney.dataset.resource import DataResource
-from followthemoney.statement.serialize import CSV_COLUMNS
-from ftmq.model.stats import Collector, DatasetStats
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, progress, staging
 from lakehouse_assets.flush import flush_for_reading
 from lakehouse_assets.query import SORT
+from lakehouse_assets.spark import ftm_sql
 from lakehouse_assets.spark.delta_io import read_snapshot
 from lakehouse_assets.spark.session import get_spark
 from lakehouse_assets.storage import LocalStore
@@ -191,148 +189,67 @@ def live_frame(
 
 # --- the Spark pass ----------------------------------------------------------
 
-TASK_RESULT = "part long, csv string, json string, rows long, entities long, stats string"
+LINES_RESULT = "part long, path string, rows long"
 
 
-def _export_task(
-    staging_uri: str, storage: dict[str, str], dataset: str, kinds: frozenset[str]
-) -> Any:
-    """The function each Spark task runs over its sorted rows (see module docstring)."""
+def _lines_task(staging_uri: str, storage: dict[str, str], name: str) -> Any:
+    """A task writing its ``line`` column, ``\\n``-terminated, as one part file:
+    the lines are made by Spark SQL, Python only moves their bytes (no row objects)."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from followthemoney.cli.util import write_entity
-        from followthemoney.dataset import Dataset as FtmDataset
-        from followthemoney.statement import Statement
-        from followthemoney.statement.entity import StatementEntity
+        import pyarrow.compute as pc
         from pyspark import TaskContext
-        from rigour.boolean import bool_text
 
         ctx = TaskContext.get()
         part = ctx.partitionId() if ctx is not None else 0
         fs, root = arrow_filesystem(staging_uri, storage)
-        meta = FtmDataset.make({"name": dataset, "title": dataset})
-        csv_path = f"{root}/statements-{part:05d}.csv"
-        json_path = f"{root}/entities-{part:05d}.json"
-        csv_raw = fs.open_output_stream(csv_path) if STATEMENTS in kinds else None
-        csv_fh = io.TextIOWrapper(csv_raw, encoding="utf-8", newline="") if csv_raw else None
-        writer = csv.writer(csv_fh, dialect=csv.unix_dialect) if csv_fh else None
-        json_fh = fs.open_output_stream(json_path) if ENTITIES in kinds else None
-        collector = Collector() if STATISTICS in kinds else None  # type: ignore[no-untyped-call]
-        need_entities = json_fh is not None or collector is not None
-        rows = entities = 0
-        current: list[Statement] = []
-        current_id: str | None = None
-        seen: set[str] = set()
-
-        def emit() -> None:
-            nonlocal entities
-            if not current:
-                return
-            entity = StatementEntity.from_statements(meta, current)
-            entities += 1
-            if json_fh is not None:
-                write_entity(json_fh, entity)
-            if collector is not None:
-                collector.collect(entity)
-
-        for batch in batches:
-            cols = batch.to_pydict()
-            for i in range(batch.num_rows):
-                canonical = cols["canonical_id"][i]
-                if canonical != current_id:
-                    if need_entities:
-                        emit()
-                    current = []
-                    current_id = canonical
-                    seen = set()
-                sid = cols["id"][i]
-                if sid in seen:  # the same statement from another origin
+        path = f"{root}/{name}-{part:05d}.txt"
+        rows = 0
+        with fs.open_output_stream(path) as out:
+            for batch in batches:
+                if batch.num_rows == 0:
                     continue
-                seen.add(sid)
-                rows += 1
-                if writer is not None:
-                    writer.writerow(
-                        [
-                            canonical,
-                            cols["entity_id"][i],
-                            cols["prop"][i],
-                            cols["prop_type"][i],
-                            cols["schema"][i],
-                            cols["value"][i],
-                            cols["dataset"][i],
-                            cols["origin"][i],
-                            cols["lang"][i],
-                            cols["original_value"][i],
-                            bool_text(cols["external"][i]),
-                            cols["first_seen"][i],
-                            cols["last_seen"][i],
-                            sid,
-                        ]
-                    )
-                if need_entities:
-                    current.append(
-                        Statement(
-                            id=sid,
-                            entity_id=cols["entity_id"][i],
-                            canonical_id=canonical,
-                            prop=cols["prop"][i],
-                            schema=cols["schema"][i],
-                            value=cols["value"][i],
-                            dataset=cols["dataset"][i],
-                            lang=cols["lang"][i],
-                            original_value=cols["original_value"][i],
-                            external=bool(cols["external"][i]),
-                            first_seen=cols["first_seen"][i],
-                            last_seen=cols["last_seen"][i],
-                            origin=cols["origin"][i],
-                        )
-                    )
-        if need_entities:
-            emit()
-        if csv_fh is not None:
-            csv_fh.close()
-        if json_fh is not None:
-            json_fh.close()
-        stats = None
-        if collector is not None:
-            stats = json.dumps(
-                {
-                    "entity_count": collector.entity_count,
-                    "things": collector.things,
-                    "things_countries": collector.things_countries,
-                    "intervals": collector.intervals,
-                    "intervals_countries": collector.intervals_countries,
-                    "start": min(collector.start) if collector.start else None,
-                    "end": max(collector.end) if collector.end else None,
-                }
-            )
-        yield pa.RecordBatch.from_pydict(
-            {
-                "part": [part],
-                "csv": [csv_path if csv_fh is not None else None],
-                "json": [json_path if json_fh is not None else None],
-                "rows": [rows],
-                "entities": [entities],
-                "stats": [stats],
-            }
-        )
+                lines = pc.binary_join_element_wise(batch.column(0), "", "\n")
+                for chunk in _string_data(lines):
+                    out.write(chunk)
+                rows += batch.num_rows
+        yield pa.RecordBatch.from_pydict({"part": [part], "path": [path], "rows": [rows]})
 
     return run
 
 
-def merge_stats(partials: Sequence[str]) -> DatasetStats:
-    """Combine the tasks' partial ftmq collectors into one ``DatasetStats``."""
-    total = Collector()  # type: ignore[no-untyped-call]
-    for raw in partials:
-        data = json.loads(raw)
-        total.entity_count += data["entity_count"]
-        for name in ("things", "things_countries", "intervals", "intervals_countries"):
-            getattr(total, name).update(Counter(data[name]))
-        if data["start"] is not None:
-            total.start.add(data["start"])
-        if data["end"] is not None:
-            total.end.add(data["end"])
-    return total.export()
+def _string_data(lines: Any) -> Iterator[memoryview]:
+    """The bytes of a string array's values, end to end, without a copy."""
+    arrays = lines.chunks if isinstance(lines, pa.ChunkedArray) else [lines]
+    for array in arrays:
+        if not isinstance(array, pa.LargeStringArray | pa.StringArray):
+            array = array.cast(pa.large_string())
+        _, offsets, data = array.buffers()
+        width = 8 if isinstance(array, pa.LargeStringArray) else 4
+        first, last = array.offset, array.offset + len(array)
+        start = int.from_bytes(offsets[first * width : (first + 1) * width], "little")
+        end = int.from_bytes(offsets[last * width : (last + 1) * width], "little")
+        if data is not None and end > start:
+            yield memoryview(data)[start:end]
+
+
+def _write_lines(
+    lines: DataFrame, staging_uri: str, options: dict[str, str], name: str
+) -> list[str]:
+    """Write a one-column DataFrame of lines as part files in partition order; their URIs.
+
+    Spark's own text writer (in the JVM) where it reaches the lake's folder;
+    for S3 lakes (no ``s3a`` here) each task writes its lines through the
+    lake's filesystem.
+    """
+    if "://" not in staging_uri or staging_uri.startswith("file://"):
+        folder = Path(staging_uri.removeprefix("file://")) / name
+        lines.write.mode("error").text(str(folder))
+        return sorted(str(p) for p in folder.glob("part-*.txt"))
+    _, root = arrow_filesystem(staging_uri, options)
+    task = _lines_task(staging_uri, options, name)
+    results = sorted(lines.mapInArrow(task, LINES_RESULT).collect(), key=lambda r: r["part"])
+    return [_uri(staging_uri, r["path"], root) for r in results if r["rows"]]
 
 
 @dataclass
@@ -380,16 +297,10 @@ def _assemble(
     return _Written(target, size, digest.hexdigest())
 
 
-def _csv_header() -> bytes:
-    buf = io.StringIO(newline="")
-    csv.writer(buf, dialect=csv.unix_dialect).writerow(CSV_COLUMNS)
-    return buf.getvalue().encode("utf-8")
-
-
 def _run_pass(
     ds: Dataset, kinds: frozenset[str], snapshot: DatasetSnapshot
 ) -> dict[str, dict[str, Any]]:
-    """One Spark pass over one snapshot writing the requested kinds."""
+    """One Spark plan over one snapshot writing the requested kinds (see module docstring)."""
     from pyspark.sql import functions as F
 
     spark = get_spark(ds.settings)
@@ -398,36 +309,56 @@ def _run_pass(
     options = dict(ds.statements_table.storage_options)
     fs, root = arrow_filesystem(staging_uri, options)
     fs.create_dir(root, recursive=True)
+    cached: list[DataFrame] = []
+    # the aggregations read rows sorted by entity: sort-based aggregation streams
+    # them (collect_set's default hash aggregation measured 2x slower at 1M)
+    sort_agg = "spark.sql.execution.useObjectHashAggregateExec"
+    previous = spark.conf.get(sort_agg, "true") or "true"
+    spark.conf.set(sort_agg, "false")
     try:
-        # cached: range partitioning samples its input first, and the live
-        # view (scan + translog join) should be computed once, not twice
-        live = live_frame(spark, ds, snapshot).persist()
         partitions = max(1, ds.settings.spark_shuffle_partitions)
-        ordered = live.repartitionByRange(partitions, "canonical_id").sortWithinPartitions(
-            *[F.col(c) for c in SORT]
-        )
-        task = _export_task(staging_uri, options, ds.name, kinds)
-        results = sorted(ordered.mapInArrow(task, TASK_RESULT).collect(), key=lambda r: r["part"])
-        live.unpersist()
-        faults.point("export.after_parts")
+        origins = {f.partition_values.get(STATEMENTS_PARTITION) for f in snapshot.statements.files}
+        live = live_frame(spark, ds, snapshot)
+        ranged = live.repartitionByRange(partitions, "canonical_id")
+        ordered = ftm_sql.dedupe(ranged, origins=len(origins))
+        ordered = ordered.sortWithinPartitions(*[F.col(c) for c in SORT])
+        need_entities = bool(kinds & {ENTITIES, STATISTICS})
+        if need_entities and STATEMENTS in kinds:
+            # read twice (entities, CSV lines): cached once. Measured at 1M,
+            # caching the live view too costs more than computing it twice
+            # (range partitioning's sample and the pass itself)
+            ordered = ordered.persist()
+            cached.append(ordered)
         out: dict[str, dict[str, Any]] = {}
-        rows = sum(r["rows"] for r in results)
-        entity_count = sum(r["entities"] for r in results)
-        now = cv.utcnow()
+        rows: int | None = None
+        entity_parts: list[str] = []
+        csv_parts: list[str] = []
+        if need_entities:
+            entities = ftm_sql.entity_frame(ordered).persist()
+            cached.append(entities)
+            stats, rows = ftm_sql.statistics(entities)
+            if ENTITIES in kinds:
+                lines = entities.sortWithinPartitions("canonical_id").select(ftm_sql.entity_json())
+                entity_parts = _write_lines(lines, staging_uri, options, "entities")
         if STATEMENTS in kinds:
-            parts = [_uri(staging_uri, r["csv"], root) for r in results if r["csv"]]
-            w = _assemble(ds, parts, cv.STATEMENTS_CSV, staging_rel, header=_csv_header())
-            out[STATEMENTS] = {"rows": rows, **_describe(w)}
+            csv_parts = _write_lines(
+                ordered.select(ftm_sql.csv_line()), staging_uri, options, "csv"
+            )
+            if rows is None:
+                rows = ordered.count()
+        faults.point("export.after_parts")
         if ENTITIES in kinds:
-            parts = [_uri(staging_uri, r["json"], root) for r in results if r["json"]]
-            w = _assemble(ds, parts, cv.ENTITIES_JSON, staging_rel)
-            out[ENTITIES] = {"rows": entity_count, **_describe(w)}
+            w = _assemble(ds, entity_parts, cv.ENTITIES_JSON, staging_rel)
+            out[ENTITIES] = {"rows": stats.entity_count, **_describe(w)}
+        if STATEMENTS in kinds:
+            header = ftm_sql.csv_header()
+            w = _assemble(ds, csv_parts, cv.STATEMENTS_CSV, staging_rel, header=header)
+            out[STATEMENTS] = {"rows": rows, **_describe(w)}
         if STATISTICS in kinds:
-            stats = merge_stats([r["stats"] for r in results if r["stats"]])
-            text = stats.model_dump_json(indent=2)
+            text = ftm_sql.stats_json(stats)
             path = cv.dataset_path(ds.name, cv.STATISTICS_JSON)
             ds.store.write_text(path, text)
-            ds.store.write_text(cv.dataset_version(ds.name, "statistics.json", now), text)
+            ds.store.write_text(cv.dataset_version(ds.name, "statistics.json", cv.utcnow()), text)
             data = text.encode("utf-8")
             out[STATISTICS] = {
                 "rows": stats.entity_count,
@@ -438,6 +369,9 @@ def _run_pass(
             }
         return out
     finally:
+        for frame in cached:
+            frame.unpersist()
+        spark.conf.set(sort_agg, previous)
         staging.remove(ds, staging_rel)
 
 
