@@ -52,7 +52,7 @@ from followthemoney.dataset.resource import DataResource
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, progress, staging
 from lakehouse_assets.flush import flush_for_reading
-from lakehouse_assets.query import SORT
+from lakehouse_assets.query import SORT, csv_header, string_data
 from lakehouse_assets.spark import ftm_sql
 from lakehouse_assets.spark.delta_io import read_snapshot
 from lakehouse_assets.spark.session import get_spark
@@ -210,27 +210,12 @@ def _lines_task(staging_uri: str, storage: dict[str, str], name: str) -> Any:
                 if batch.num_rows == 0:
                     continue
                 lines = pc.binary_join_element_wise(batch.column(0), "", "\n")
-                for chunk in _string_data(lines):
-                    out.write(chunk)
+                if (data := string_data(lines)) is not None:
+                    out.write(data)
                 rows += batch.num_rows
         yield pa.RecordBatch.from_pydict({"part": [part], "path": [path], "rows": [rows]})
 
     return run
-
-
-def _string_data(lines: Any) -> Iterator[memoryview]:
-    """The bytes of a string array's values, end to end, without a copy."""
-    arrays = lines.chunks if isinstance(lines, pa.ChunkedArray) else [lines]
-    for array in arrays:
-        if not isinstance(array, pa.LargeStringArray | pa.StringArray):
-            array = array.cast(pa.large_string())
-        _, offsets, data = array.buffers()
-        width = 8 if isinstance(array, pa.LargeStringArray) else 4
-        first, last = array.offset, array.offset + len(array)
-        start = int.from_bytes(offsets[first * width : (first + 1) * width], "little")
-        end = int.from_bytes(offsets[last * width : (last + 1) * width], "little")
-        if data is not None and end > start:
-            yield memoryview(data)[start:end]
 
 
 def _write_lines(
@@ -351,7 +336,7 @@ def _run_pass(
             w = _assemble(ds, entity_parts, cv.ENTITIES_JSON, staging_rel)
             out[ENTITIES] = {"rows": stats.entity_count, **_describe(w)}
         if STATEMENTS in kinds:
-            header = ftm_sql.csv_header()
+            header = csv_header()
             w = _assemble(ds, csv_parts, cv.STATEMENTS_CSV, staging_rel, header=header)
             out[STATEMENTS] = {"rows": rows, **_describe(w)}
         if STATISTICS in kinds:

@@ -13,7 +13,7 @@ connection set-up alone cost more than the whole pyarrow path.)
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -279,6 +279,43 @@ def sorted_live_batches(
         con.close()
 
 
+def csv_line_sql(column: Callable[[str], str]) -> str:
+    """A statement as followthemoney's ``CSVStatementWriter`` writes it (every field
+    quoted, ``"`` doubled, booleans ``t``/``f``), without the line end, as SQL
+    that DuckDB and Spark both run; ``column`` names each column's expression."""
+    from followthemoney.statement.serialize import CSV_COLUMNS
+
+    def field(name: str) -> str:
+        if name == "external":
+            value = f"CASE WHEN {column(name)} THEN 't' ELSE 'f' END"
+        else:
+            value = f"coalesce({column(name)}, '')"
+        return f"""'"' || replace({value}, '"', '""') || '"'"""
+
+    return " || ',' || ".join(field(c) for c in CSV_COLUMNS)
+
+
+def csv_header() -> bytes:
+    """The header line of followthemoney's statement CSV."""
+    from followthemoney.statement.serialize import CSV_COLUMNS
+
+    return (",".join(f'"{c}"' for c in CSV_COLUMNS) + "\n").encode("utf-8")
+
+
+def string_data(lines: pa.Array) -> memoryview | None:
+    """The bytes of a string array's values end to end, without a copy (None if empty)."""
+    if not isinstance(lines, pa.LargeStringArray | pa.StringArray):
+        lines = lines.cast(pa.large_string())
+    _, offsets, data = lines.buffers()
+    width = 8 if isinstance(lines, pa.LargeStringArray) else 4
+    first, last = lines.offset, lines.offset + len(lines)
+    start = int.from_bytes(offsets[first * width : (first + 1) * width], "little")
+    end = int.from_bytes(offsets[last * width : (last + 1) * width], "little")
+    if data is None or end <= start:
+        return None
+    return memoryview(data)[start:end]
+
+
 def statement_csv_buffers(
     ds: Dataset, snapshot: DatasetSnapshot, *, threads: int = 2
 ) -> Iterator[tuple[memoryview, int]]:
@@ -296,7 +333,6 @@ def statement_csv_buffers(
     string data of Arrow arrays, handed on without a copy.
     """
     import duckdb
-    from followthemoney.statement.serialize import CSV_COLUMNS
 
     options = ds.statements_table.storage_options
     main = arrow_dataset(  # noqa: F841 (DuckDB reads the local by name)
@@ -304,19 +340,14 @@ def statement_csv_buffers(
     )
     log = arrow_dataset(snapshot.translog.files, TRANSLOG_SCHEMA, options)  # noqa: F841
 
-    def field(name: str) -> str:
-        if name == "external":
-            value = "CASE WHEN m.external THEN 't' ELSE 'f' END"
-        elif name in ("first_seen", "last_seen"):
-            value = f"coalesce(l.{name}, m.{name}, '')"
-        else:
-            value = f"coalesce(m.{name}, '')"
-        return f"""'"' || replace({value}, '"', '""') || '"'"""
+    def column(name: str) -> str:
+        return (
+            f"coalesce(l.{name}, m.{name})" if name in ("first_seen", "last_seen") else f"m.{name}"
+        )
 
-    line = " || ',' || ".join(field(c) for c in CSV_COLUMNS) + " || chr(10)"
+    line = csv_line_sql(column) + " || chr(10)"
     order = ", ".join(f"m.{c}" for c in SORT)
-    header = ",".join(f'"{c}"' for c in CSV_COLUMNS) + "\n"
-    yield memoryview(header.encode()), 0
+    yield memoryview(csv_header()), 0
     con = duckdb.connect(config={"threads": threads})
     try:
         reader = con.execute(
@@ -328,16 +359,9 @@ def statement_csv_buffers(
             f"ORDER BY {order}"
         ).to_arrow_reader(100_000)
         for batch in reader:
-            lines = batch.column(0)
-            if not isinstance(lines, pa.LargeStringArray | pa.StringArray):
-                lines = lines.cast(pa.large_string())
-            _, offsets, data = lines.buffers()
-            width = 8 if isinstance(lines, pa.LargeStringArray) else 4
-            first, last = lines.offset, lines.offset + len(lines)
-            start = int.from_bytes(offsets[first * width : (first + 1) * width], "little")
-            end = int.from_bytes(offsets[last * width : (last + 1) * width], "little")
-            if data is not None and end > start:
-                yield memoryview(data)[start:end], len(lines)
+            data = string_data(batch.column(0))
+            if data is not None:
+                yield data, batch.num_rows
     finally:
         con.close()
 

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from followthemoney.dataset import Dataset as FtmDataset
-from followthemoney.statement.serialize import CSV_COLUMNS
 from followthemoney.statement.util import BASE_ID
 
 if TYPE_CHECKING:
@@ -98,21 +97,12 @@ def _model_literals() -> dict[str, str]:
 
 def csv_line() -> Column:
     """One statement as followthemoney's ``CSVStatementWriter`` writes it, without
-    the line end (the writers add ``\\n``)."""
+    the line end (the writers add ``\\n``): the SQL DuckDB renders it with too."""
     from pyspark.sql import functions as F
 
-    def field(name: str) -> str:
-        if name == "external":
-            value = "CASE WHEN external THEN 't' ELSE 'f' END"
-        else:
-            value = f"coalesce({name}, '')"
-        return f"""'"' || replace({value}, '"', '""') || '"'"""
+    from lakehouse_assets.query import csv_line_sql
 
-    return F.expr(" || ',' || ".join(field(c) for c in CSV_COLUMNS)).alias("line")
-
-
-def csv_header() -> bytes:
-    return (",".join(f'"{c}"' for c in CSV_COLUMNS) + "\n").encode("utf-8")
+    return F.expr(csv_line_sql(lambda name: name)).alias("line")
 
 
 def dedupe(ranged: DataFrame, *, origins: int) -> DataFrame:
