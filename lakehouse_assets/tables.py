@@ -25,13 +25,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyarrow import fs as pafs
 
@@ -179,6 +183,17 @@ class DatasetSnapshot:
         translog: DeltaLocation,
         translog_version: int | None = None,
     ) -> DatasetSnapshot:
+        if translog_version is None:
+            return _latest_snapshot(statements, translog)
+        return cls._load(statements, translog, translog_version)
+
+    @classmethod
+    def _load(
+        cls,
+        statements: DeltaLocation,
+        translog: DeltaLocation,
+        translog_version: int | None = None,
+    ) -> DatasetSnapshot:
         log = translog.table(translog_version)
         if log is None:  # nothing published yet (or a first flush died before it)
             return cls(Snapshot(statements, None, ()), Snapshot(translog, None, ()))
@@ -202,6 +217,54 @@ class DatasetSnapshot:
         return self.statements.version, files
 
 
+#: The latest snapshot each pair of tables was seen at, and the identity of the
+#: translog commit file it was read from (see :func:`_latest_snapshot`).
+_LATEST: dict[tuple[str, str], tuple[DatasetSnapshot, tuple[int, int]]] = {}
+_LATEST_LOCK = threading.Lock()
+
+
+def _commit_file(location: DeltaLocation, version: int) -> tuple[pafs.FileSystem, str]:
+    fs, root = arrow_filesystem(location.uri.rstrip("/"), location.storage_options)
+    return fs, f"{root}/_delta_log/{version:020d}.json"
+
+
+def _latest_snapshot(statements: DeltaLocation, translog: DeltaLocation) -> DatasetSnapshot:
+    """The latest snapshot, loaded again only when the translog has a new commit.
+
+    Loading two Delta tables costs milliseconds, a get's whole budget; a
+    reader asks again and again of tables that rarely change. The cached
+    snapshot is still the latest when the translog's next commit file does
+    not exist and the commit file it was read from is the same file (size and
+    modification time: a dataset deleted and created again has new ones): two
+    stats on a local lake, two HEAD requests on S3. A snapshot is immutable
+    data (file lists), so readers may share it.
+    """
+    key = (statements.uri, translog.uri)
+    with _LATEST_LOCK:
+        cached = _LATEST.get(key)
+    if cached is not None:
+        snapshot, identity = cached
+        version = snapshot.translog.version
+        assert version is not None
+        fs, current = _commit_file(translog, version)
+        _fs, following = _commit_file(translog, version + 1)
+        infos = fs.get_file_info([current, following])
+        same = (infos[0].size, infos[0].mtime_ns) == identity
+        if same and infos[1].type == pafs.FileType.NotFound:
+            return snapshot
+    snapshot = DatasetSnapshot._load(statements, translog)
+    version = snapshot.translog.version
+    if version is not None:
+        fs, current = _commit_file(translog, version)
+        info = fs.get_file_info(current)
+        if info.type == pafs.FileType.File and info.mtime_ns is not None:
+            with _LATEST_LOCK:
+                if len(_LATEST) > 1024:
+                    _LATEST.clear()
+                _LATEST[key] = (snapshot, (info.size, info.mtime_ns))
+    return snapshot
+
+
 def arrow_filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pafs.FileSystem, str]:
     """A pyarrow filesystem and the path for ``uri`` (local path or s3://)."""
     if uri.startswith("s3://"):
@@ -215,8 +278,14 @@ def arrow_filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pafs
             scheme, _, host = endpoint.partition("://")
             kwargs["endpoint_override"] = host or scheme
             kwargs["scheme"] = scheme if host else "https"
-        return pafs.S3FileSystem(**kwargs), uri.removeprefix("s3://")
+        return _s3_filesystem(tuple(sorted(kwargs.items()))), uri.removeprefix("s3://")
     return pafs.LocalFileSystem(), uri.removeprefix("file://")
+
+
+@lru_cache(maxsize=64)
+def _s3_filesystem(kwargs: tuple[tuple[str, object], ...]) -> pafs.S3FileSystem:
+    """One S3 filesystem per endpoint and credentials (making one costs milliseconds)."""
+    return pafs.S3FileSystem(**dict(kwargs))
 
 
 def arrow_dataset(
@@ -264,9 +333,16 @@ def read_files(
     return dataset.to_table(columns=list(columns or schema.names), filter=filter)
 
 
-#: Up to this many looked-up values a lookup goes to DuckDB: it binds an IN list of
-#: thousands slowly (a diff's batches of entities), where pyarrow's scan is better.
+#: Up to this many looked-up values a lookup is a point read (row groups pruned one
+#: by one, or DuckDB); above it, pyarrow's scan of the files is better (DuckDB binds
+#: an IN list of thousands slowly: a diff's batches of entities).
 POINT_VALUES = 256
+
+#: A point read reads the row groups its values can be in (by min/max) itself when
+#: there are at most this many; more means min/max does not narrow the column (a
+#: statement id in the statements table, sorted by entity) and DuckDB, which also
+#: reads the Parquet bloom filters, does better.
+POINT_ROW_GROUPS = 16
 
 
 def point_lookup(
@@ -282,20 +358,32 @@ def point_lookup(
     """Rows whose columns hold one of the given values (``{"id": [...], "bucket": [3]}``):
     the interactive reads' path to a few rows among millions.
 
-    On a local lake DuckDB reads the files: it skips row groups by their
-    statistics *and* by the Parquet bloom filters the writers put on the id
-    columns (:data:`spark.delta_io.BLOOM_COLUMNS`), so a statement id, which
-    no min/max can narrow, costs milliseconds instead of a scan. pyarrow,
-    which reads no bloom filters, does the same on S3 (DuckDB would need its
-    httpfs extension, which is downloaded at run time). Columns a file lacks
-    (written before they existed) read as NULL either way, unless the caller
-    says every file has the same columns (``same_schema``: DuckDB then skips
-    reconciling the files' schemas, a millisecond a lookup).
+    The files are sorted by their lookup keys in small row groups
+    (:data:`spark.delta_io.ROW_GROUP_ROWS`), so the row groups' min/max, from
+    footers cached per file (:class:`RowGroupIndex`; data files never change),
+    name the one or two that can hold a value: those are read with pyarrow and
+    filtered, about a millisecond, local or S3. Where min/max leaves many row
+    groups (a statement id in the entity-sorted statements table), DuckDB reads
+    the files on a local lake: it also skips row groups by the Parquet bloom
+    filters the writers put on the id columns (:data:`spark.delta_io.BLOOM_COLUMNS`).
+    pyarrow's filtered scan does it on S3 (DuckDB would need its httpfs extension,
+    which is downloaded at run time). Columns a file lacks (written before they
+    existed) read as NULL either way, unless the caller says every file has the
+    same columns (``same_schema``: DuckDB then skips reconciling the files'
+    schemas, a millisecond a lookup).
     """
     names = list(columns or schema.names)
     if not files or not where or any(not values for values in where.values()):
         return schema.empty_table().select(names)
     few = sum(len(values) for values in where.values()) <= POINT_VALUES
+    if few:
+        try:
+            found = _row_group_lookup(files, schema, storage_options, where, names, partition)
+        except (OSError, ValueError, TypeError, pa.ArrowException) as exc:  # a vacuumed file
+            log.debug("row-group lookup failed (%s); reading the files", exc)
+            found = None
+        if found is not None:
+            return found
     if few and all("://" not in f.uri or f.uri.startswith("file://") for f in files):
         try:
             return _duckdb_lookup(files, schema, where, names, partition, same_schema)
@@ -307,6 +395,148 @@ def point_lookup(
         expression = term if expression is None else expression & term
     dataset = arrow_dataset(files, schema, storage_options, partition=partition)
     return dataset.to_table(columns=names, filter=expression)
+
+
+@dataclass(frozen=True, slots=True)
+class RowGroupIndex:
+    """A data file's footer and each row group's min/max per column: what a point
+    read needs to pick row groups without opening the file."""
+
+    metadata: pq.FileMetaData
+    columns: tuple[str, ...]
+    #: per column, per row group: (min, max), or None where the footer has no stats
+    ranges: Mapping[str, tuple[tuple[Any, Any] | None, ...]]
+
+    @classmethod
+    def of(cls, metadata: pq.FileMetaData) -> RowGroupIndex:
+        names = tuple(metadata.schema.to_arrow_schema().names)
+        ranges: dict[str, list[tuple[Any, Any] | None]] = {n: [] for n in names}
+        for rg in range(metadata.num_row_groups):
+            group = metadata.row_group(rg)
+            for index, name in enumerate(names):
+                stats = group.column(index).statistics
+                usable = stats is not None and stats.has_min_max
+                ranges[name].append((stats.min, stats.max) if usable else None)
+        return cls(metadata, names, {n: tuple(r) for n, r in ranges.items()})
+
+    def candidates(self, where: Mapping[str, Sequence[str | int]]) -> list[int]:
+        """Row groups whose min/max admit a value of every looked-up column
+        (a column the file lacks admits nothing: it reads as NULL)."""
+        groups = list(range(self.metadata.num_row_groups))
+        for column, values in where.items():
+            if column not in self.ranges:
+                return []
+            bounds = self.ranges[column]
+            if len(values) == 1:
+                value = values[0]
+                groups = [g for g in groups if (b := bounds[g]) is None or b[0] <= value <= b[1]]
+            else:
+                groups = [
+                    g
+                    for g in groups
+                    if (b := bounds[g]) is None or any(b[0] <= v <= b[1] for v in values)
+                ]
+            if not groups:
+                break
+        return groups
+
+    def pinned(self, column: str, group: int, values: Sequence[str | int]) -> bool:
+        """Does every row of ``group`` hold one of ``values`` in ``column`` (its min
+        and max are one value among them)?"""
+        bounds = self.ranges[column][group]
+        return bounds is not None and bounds[0] == bounds[1] and bounds[0] in values
+
+    def holding(
+        self, parquet: pq.ParquetFile, groups: list[int], where: Mapping[str, pa.Array]
+    ) -> list[int]:
+        """Those of ``groups`` that hold a row ``where`` selects, reading only the
+        looked-up columns their min/max do not pin (one read for them all)."""
+        columns = [
+            c for c in where if not all(self.pinned(c, g, where[c].to_pylist()) for g in groups)
+        ]
+        if not columns:
+            return groups
+        keys = parquet.read_row_groups(groups, columns=columns)
+        keys = keys.cast(pa.schema([pa.field(c, where[c].type) for c in columns]))
+        rows = pc.indices_nonzero(_matching(keys, {c: where[c] for c in columns}))
+        ends = np.cumsum([self.metadata.row_group(g).num_rows for g in groups])
+        hit = np.unique(np.searchsorted(ends, rows.to_numpy(), side="right"))
+        return [groups[int(i)] for i in hit]
+
+
+#: Footers of this many files stay cached (a few kB to a few hundred kB each).
+@lru_cache(maxsize=1024)
+def _row_group_index(uri: str, options: tuple[tuple[str, str], ...]) -> RowGroupIndex:
+    fs, path = arrow_filesystem(uri, dict(options))
+    with fs.open_input_file(path) as handle:
+        return RowGroupIndex.of(pq.ParquetFile(handle).metadata)
+
+
+def _matching(table: pa.Table, where: Mapping[str, pa.Array]) -> pa.Array:
+    """The mask of ``table``'s rows whose columns hold one of the values (kernels on
+    arrays: an Acero filter plan costs a quarter of a millisecond to set up)."""
+    mask: pa.Array | None = None
+    for column, values in where.items():
+        term = pc.is_in(table.column(column), value_set=values)
+        mask = term if mask is None else pc.and_(mask, term)
+    assert mask is not None
+    return mask
+
+
+def _row_group_lookup(
+    files: Sequence[DataFile],
+    schema: pa.Schema,
+    storage_options: Mapping[str, str],
+    where: Mapping[str, Sequence[str | int]],
+    names: list[str],
+    partition: str | None,
+) -> pa.Table | None:
+    """The point read by row groups (see :func:`point_lookup`), or None where min/max
+    leaves more than :data:`POINT_ROW_GROUPS` row groups to read."""
+    options = tuple(sorted(storage_options.items()))
+    stored = [n for n in where if n != partition]
+    wanted = []
+    for f in files:
+        index = _row_group_index(f.uri, options)
+        wanted.append((f, index, index.candidates({c: where[c] for c in stored})))
+    if partition is not None and partition in where:
+        allowed = set(where[partition])
+        wanted = [w for w in wanted if w[0].partition_values.get(partition) in allowed]
+    if sum(len(groups) for _f, _i, groups in wanted) > POINT_ROW_GROUPS:
+        return None
+    target = pa.schema([schema.field(n) for n in names])
+    values = {c: pa.array(where[c], schema.field(c).type) for c in stored}
+    parts = []
+    for f, index, groups in wanted:
+        if not groups:
+            continue
+        fs, path = arrow_filesystem(f.uri, storage_options)
+        present = [n for n in names if n in index.columns]
+        read = present + [c for c in stored if c not in present]
+        with fs.open_input_file(path) as handle:
+            parquet = pq.ParquetFile(handle, metadata=index.metadata)
+            if len(groups) > 1 and stored:
+                # a row group spanning two buckets has almost the whole id range:
+                # look at the key columns first, read the rest only where they match
+                groups = index.holding(parquet, groups, values)
+            table = parquet.read_row_groups(groups, columns=read) if groups else None
+        if table is None:
+            continue
+        # our types first (delta-rs writes string_view), then the values' filter
+        table = table.cast(pa.schema([schema.field(n) for n in read]))
+        if stored:
+            table = table.filter(_matching(table, values))
+        for name in names:
+            if name in present:
+                continue
+            value = f.partition_values.get(name) if name == partition else None
+            table = table.append_column(
+                name, pa.array([value] * table.num_rows, schema.field(name).type)
+            )
+        parts.append(table.select(names).cast(target))
+    if not parts:
+        return target.empty_table()
+    return pa.concat_tables(parts)
 
 
 _DUCKDB: Any = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from ftmq.query import M, P, Query
 
@@ -101,3 +102,30 @@ def test_query_streams_a_range_of_buckets_at_a_time(spark, lake: Lakehouse) -> N
     assert len({bucket_of(f"p-{i}") for i in range(0, 120, 4)}) > POINT_BUCKETS
     only_b = {e.id for e in ds.query(entity_ids=["p-3", "p-4"], origin="b", flush=False)}
     assert only_b == {"p-3"}
+
+
+def test_reads_follow_every_commit_of_the_tables(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    """Readers keep the latest snapshot between reads (loading it costs a get's
+    budget) and must still see each new commit: a flush made through another
+    Lakehouse object, and a dataset deleted and created again under the same name."""
+    import shutil
+
+    ds = local_lake.create_dataset("following")
+    entities = sample_entities()
+    first, second = entities[0], entities[1]
+    ds.add_entity(first)
+    got = ds.get_entity(str(first["id"]), flush=True)
+    assert got is not None and got.schema.name == first["schema"]
+    assert ds.get_entity(str(second["id"])) is None
+
+    other = Lakehouse(settings=local_lake.settings).dataset("following")
+    other.add_entity(second)
+    other.flush()
+    assert ds.get_entity(str(second["id"])) is not None  # no flush of its own
+
+    shutil.rmtree(Path(local_lake.settings.lake_uri) / "following")
+    again = local_lake.create_dataset("following")
+    again.add_entity(second)
+    again.flush()
+    assert ds.get_entity(str(first["id"])) is None
+    assert again.get_entity(str(second["id"])) is not None

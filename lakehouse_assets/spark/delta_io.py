@@ -49,9 +49,13 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-#: Row groups of this many rows keep point lookups (get entity) cheap.
-ROW_GROUP_SIZE = 16_384
-#: The same for Spark's writer, which sizes row groups in bytes (~16k statements).
+#: Row groups of at most this many rows keep point reads (get entity) cheap: the
+#: files are sorted by their lookup keys, so min/max names the one or two row
+#: groups that can hold an entity, and reading one costs about its size. At 1M
+#: statements, reading an 8k-row group took 2.1 ms, a 2k-row one 0.6 ms; a full
+#: scan got 6% slower (1k rows: 55% slower), the files 5% larger.
+ROW_GROUP_ROWS = 2048
+#: Spark's writer also closes a row group at this many bytes (wide rows).
 ROW_GROUP_BYTES = 2 * 1024 * 1024
 #: Columns that point reads look up: Parquet bloom filters let a reader skip
 #: row groups whose min/max range contains the value but whose rows do not.
@@ -316,10 +320,12 @@ def _write_native(
     columns = [F.col(f.name).cast(_spark_type(f.type)).alias(f.name) for f in schema]
     writer = df.select(*columns).write.mode("error").option("compression", "zstd")
     writer = writer.option("parquet.block.size", str(ROW_GROUP_BYTES))
+    writer = writer.option("parquet.block.row.count.limit", str(ROW_GROUP_ROWS))
     for column in BLOOM_COLUMNS:
         if column in schema.names and column != partition:
             writer = writer.option(f"parquet.bloom.filter.enabled#{column}", "true")
-            writer = writer.option(f"parquet.bloom.filter.expected.ndv#{column}", "20000")
+            ndv = str(ROW_GROUP_ROWS)  # a filter per row group, sized for its rows
+            writer = writer.option(f"parquet.bloom.filter.expected.ndv#{column}", ndv)
             writer = writer.option(f"parquet.bloom.filter.fpp#{column}", str(BLOOM_FPP))
     if partition is not None:
         writer = writer.partitionBy(partition)
@@ -392,7 +398,7 @@ def write_parquet(
                     compression="zstd",
                     metadata_collector=collector,
                     bloom_filter_options={
-                        c: {"ndv": ROW_GROUP_SIZE, "fpp": BLOOM_FPP}
+                        c: {"ndv": ROW_GROUP_ROWS, "fpp": BLOOM_FPP}
                         for c in BLOOM_COLUMNS
                         if c in stored_schema.names
                     },
@@ -414,7 +420,7 @@ def write_parquet(
             for value, part in groups:
                 writer_for(value).writer.write_table(
                     part.drop_columns([partition]) if partition else part,
-                    row_group_size=ROW_GROUP_SIZE,
+                    row_group_size=ROW_GROUP_ROWS,
                 )
         out: dict[str, list[Any]] = {k: [] for k in ("path", "size", "partition", "stats", "rows")}
         for value, part_writer in writers.items():
