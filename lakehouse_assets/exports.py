@@ -55,7 +55,7 @@ from lakehouse_assets.flush import flush_for_reading
 from lakehouse_assets.query import SORT, csv_header, string_data
 from lakehouse_assets.spark import ftm_sql
 from lakehouse_assets.spark.delta_io import read_snapshot
-from lakehouse_assets.spark.session import get_spark
+from lakehouse_assets.spark.session import get_spark, partitions_for
 from lakehouse_assets.storage import LocalStore
 from lakehouse_assets.tables import (
     STATEMENT_FIELDS,
@@ -301,7 +301,7 @@ def _run_pass(
     previous = spark.conf.get(sort_agg, "true") or "true"
     spark.conf.set(sort_agg, "false")
     try:
-        partitions = max(1, ds.settings.spark_shuffle_partitions)
+        partitions = partitions_for(ds.settings, sum(f.size for f in snapshot.statements.files))
         origins = {f.partition_values.get(STATEMENTS_PARTITION) for f in snapshot.statements.files}
         live = live_frame(spark, ds, snapshot)
         ranged = live.repartitionByRange(partitions, "canonical_id")

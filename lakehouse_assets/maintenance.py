@@ -28,7 +28,7 @@ from lakehouse_assets.delta import DeltaLocation, commit, remove_action
 from lakehouse_assets.exports import live_frame
 from lakehouse_assets.locks import Fence
 from lakehouse_assets.spark.delta_io import read_snapshot, write_files
-from lakehouse_assets.spark.session import get_spark
+from lakehouse_assets.spark.session import get_spark, partitions_for
 from lakehouse_assets.tables import (
     STATEMENTS_PARTITION,
     STATEMENTS_SCHEMA,
@@ -100,7 +100,7 @@ def _compact(ds: Dataset, *, wait: float | None = None) -> CompactResult:
         staging.clean_stale(ds, "compact")
         area = stack.enter_context(staging.area(ds, "compact"))
         spark = get_spark(ds.settings)
-        partitions = max(1, ds.settings.spark_shuffle_partitions)
+        partitions = partitions_for(ds.settings, sum(f.size for f in current.statements.files))
         live = (
             live_frame(spark, ds, current)
             .repartitionByRange(partitions, "bucket", "canonical_id")

@@ -244,6 +244,24 @@ def parallelism(spark: SparkSession) -> int:
     return int(value) if value else (os.cpu_count() or 2)
 
 
+#: A pass over a table gets one shuffle partition per this many bytes of its
+#: Parquet files (up to ``spark_shuffle_partitions``).
+PARTITION_BYTES = 4 * 1024 * 1024
+
+
+def partitions_for(settings: Settings, parquet_bytes: int) -> int:
+    """Shuffle partitions for a pass over ``parquet_bytes`` of Parquet.
+
+    Each partition is a task in every stage of the pass, and on a small
+    dataset their fixed costs are the pass: the exports of the 26k-statement
+    kek set took 2.8-3.3 s on a warm server with 8 partitions and 1.8 s with
+    one. Large tables still get ``spark_shuffle_partitions`` (1M statements
+    are about 55 MB).
+    """
+    wanted = parquet_bytes // PARTITION_BYTES + 1
+    return max(1, min(settings.spark_shuffle_partitions, wanted))
+
+
 def _leave(scratch: Path) -> None:
     """At a normal exit: stop Spark, then remove this process's scratch folder."""
     stop_spark()
