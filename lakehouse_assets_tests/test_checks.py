@@ -40,3 +40,37 @@ def test_statement_key_in_sql_is_followthemoneys(spark: Any, rows: list[dict[str
         for r in rows
     ]
     assert got == want
+
+
+def test_statement_checks_name_what_is_wrong(spark: Any, local_lake: Any) -> None:
+    """The checks on a dataset with a dangling reference: only that check fails,
+    and it says how many statements, which entities are missing and where."""
+    from lakehouse_assets.defs.checks import (
+        IDS_VALID,
+        REFERENCES,
+        SCHEMA_VALID,
+        statement_outcomes,
+    )
+    from lakehouse_assets.defs.resources import SparkResource
+
+    ds = local_lake.create_dataset("checked")
+    ds.add_entity({"id": "acme", "schema": "Company", "properties": {"name": ["ACME"]}})
+    ds.add_entity(
+        {
+            "id": "stake",
+            "schema": "Ownership",
+            "properties": {"owner": ["nobody-here"], "asset": ["acme"]},
+        }
+    )
+    ds.flush()
+    outcomes, cached, _snapshot = statement_outcomes(ds, SparkResource())
+    by_name = {o.check_name: o for o in outcomes}
+    assert not cached
+    assert by_name[SCHEMA_VALID].passed and by_name[IDS_VALID].passed
+    assert by_name[IDS_VALID].metadata == {"wrong_ids": 0}
+    refs = by_name[REFERENCES]
+    assert not refs.passed and refs.warn
+    assert refs.metadata == {"dangling_references": 1, "missing_entities": 1}
+    assert refs.examples == [{"ref": "nobody-here", "source": "stake", "prop": "owner"}]
+    again, cached, _snapshot = statement_outcomes(ds, SparkResource())
+    assert cached and again == outcomes  # judged once per snapshot
