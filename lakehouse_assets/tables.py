@@ -227,6 +227,11 @@ def _commit_file(location: DeltaLocation, version: int) -> tuple[pafs.FileSystem
     return fs, f"{root}/_delta_log/{version:020d}.json"
 
 
+def _next_commit(current: str, version: int) -> str:
+    """The path of the commit after the one at ``current`` (same log folder)."""
+    return f"{current.rsplit('/', 1)[0]}/{version + 1:020d}.json"
+
+
 def _latest_snapshot(statements: DeltaLocation, translog: DeltaLocation) -> DatasetSnapshot:
     """The latest snapshot, loaded again only when the translog has a new commit.
 
@@ -248,8 +253,7 @@ def _latest_snapshot(statements: DeltaLocation, translog: DeltaLocation) -> Data
         version = snapshot.translog.version
         assert version is not None
         fs, current = _commit_file(translog, version)
-        _fs, following = _commit_file(translog, version + 1)
-        infos = fs.get_file_info([current, following])
+        infos = fs.get_file_info([current, _next_commit(current, version)])
         same = (infos[0].size, infos[0].mtime_ns) == identity
         if same and infos[1].type == pafs.FileType.NotFound:
             return snapshot
@@ -476,13 +480,13 @@ def _row_group_lookup(
     leaves more than :data:`POINT_ROW_GROUPS` row groups to read."""
     options = tuple(sorted(storage_options.items()))
     stored = [n for n in where if n != partition]
+    if partition is not None and partition in where:  # the log knows, no footer needed
+        allowed = set(where[partition])
+        files = [f for f in files if f.partition_values.get(partition) in allowed]
     wanted = []
     for f in files:
         index = _row_group_index(f.uri, options)
         wanted.append((f, index, index.candidates({c: where[c] for c in stored})))
-    if partition is not None and partition in where:
-        allowed = set(where[partition])
-        wanted = [w for w in wanted if w[0].partition_values.get(partition) in allowed]
     if sum(len(groups) for _f, _i, groups in wanted) > POINT_ROW_GROUPS:
         return None
     target = pa.schema([schema.field(n) for n in names])
