@@ -1016,13 +1016,11 @@ def query_cmd(
       lakehouse -d my_dataset query -s Company -p country=de
       lakehouse -d my_dataset query --id acme-holding --no-flush
     """
-    from ftmq.query import M, P, Query
+    from ftmq.query import P, Query
 
     q: Query | None = None
-    if schemata or props:
+    if props:
         q = Query()
-        if schemata:
-            q = q.where(M(schema__in=list(schemata)))
         for item in props:
             key, sep, value = item.partition("=")
             if not sep or not key:
@@ -1031,7 +1029,12 @@ def query_cmd(
                 )
             q = q.where(P(**{key: value}))
     for entity in obj.dataset().query(
-        q, entity_ids=list(entity_ids) or None, origin=origin, flush=flush, as_of=as_of
+        q,
+        entity_ids=list(entity_ids) or None,
+        origin=origin,
+        schemata=list(schemata) or None,
+        flush=flush,
+        as_of=as_of,
     ):
         _echo_json(entity.to_dict())
 

@@ -505,12 +505,23 @@ class Dataset:
         *,
         entity_ids: Sequence[str] | None = None,
         origin: str | None = None,
+        schemata: Sequence[str] | None = None,
         flush: bool = True,
         as_of: str | int | None = None,
     ) -> Iterator[StatementEntity]:
+        """Entities matching the filters (see :func:`lakehouse_assets.query.query`):
+        ``schemata`` is read from the tables, ``q`` (ftmq) checked on each entity."""
         from lakehouse_assets.query import query
 
-        return query(self, q, entity_ids=entity_ids, origin=origin, flush=flush, as_of=as_of)
+        return query(
+            self,
+            q,
+            entity_ids=entity_ids,
+            origin=origin,
+            schemata=schemata,
+            flush=flush,
+            as_of=as_of,
+        )
 
     def get_entity(
         self,

@@ -13,18 +13,19 @@ connection set-up alone cost more than the whole pyarrow path.)
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from followthemoney import model
 from followthemoney.dataset import Dataset as FtmDataset
 from followthemoney.statement import Statement
 from followthemoney.statement.entity import StatementEntity
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.errors import SourceNotFoundError
+from lakehouse_assets.errors import InvalidInputError, SourceNotFoundError
 from lakehouse_assets.journal import BUCKETS, bucket_of, statement_from_mapping
 from lakehouse_assets.tables import (
     STATEMENT_FIELDS,
@@ -60,9 +61,17 @@ def live_statements(
     origin: str | None = None,
     snapshot: DatasetSnapshot | None = None,
     bucket_range: tuple[int, int] | None = None,
+    schemata: Collection[str] | None = None,
 ) -> pa.Table:
     """Live statements (optionally of some entities / one origin / a range of
     buckets), sorted, as Arrow.
+
+    ``schemata`` narrows a scan to the entities that have a statement of one of
+    those schemata: the only ones whose entity can be of such a schema
+    (followthemoney's ``common_schema`` merges two schemata into one of the two,
+    so an entity's schema is always one of its statements'). It is a pre-filter,
+    not the filter: such an entity can still merge into another schema, so the
+    caller checks the aggregated entity (:func:`query` does).
 
     Reads one :class:`DatasetSnapshot` (the latest unless given) from start to end.
     """
@@ -92,6 +101,20 @@ def live_statements(
             match = pc.field("origin") == cv.origin(origin)
             where = match if where is None else where & match
         main = arrow_dataset(main_files, STATEMENTS_SCHEMA, options, partition=STATEMENTS_PARTITION)
+        if schemata:
+            # two narrow columns first: the entities that may match, so the rows
+            # read, joined, sorted and made into Python objects are only theirs
+            of_schema = pc.field("schema").isin(list(schemata))
+            keys = main.to_table(
+                columns=["canonical_id"],
+                filter=of_schema if where is None else where & of_schema,
+            )
+            if keys.num_rows == 0:
+                return pa.Table.from_batches([], schema=LIVE_SCHEMA)
+            candidates = pc.field("canonical_id").isin(
+                pc.unique(keys.column("canonical_id").combine_chunks())
+            )
+            where = candidates if where is None else where & candidates
         rows = main.to_table(filter=where)
         if rows.num_rows == 0:
             return pa.Table.from_batches([], schema=LIVE_SCHEMA)
@@ -109,7 +132,10 @@ def live_statements(
     last = pc.coalesce(live.column("t_last"), live.column("last_seen"))
     live = live.set_column(live.schema.get_field_index("first_seen"), "first_seen", first)
     live = live.set_column(live.schema.get_field_index("last_seen"), "last_seen", last)
-    return live.select(LIVE_SCHEMA.names).sort_by([(c, "ascending") for c in SORT])
+    # a scan's chunks come in bucket order, each sorted by bucket first: the
+    # order of a query's entities does not depend on where chunks are cut
+    order = SORT if buckets and entity_ids else ("bucket", *SORT)
+    return live.sort_by([(c, "ascending") for c in order]).select(LIVE_SCHEMA.names)
 
 
 def rows_by_id(
@@ -227,9 +253,14 @@ def _point_read(
 
 
 def live_chunks(
-    ds: Dataset, *, origin: str | None = None, snapshot: DatasetSnapshot | None = None
+    ds: Dataset,
+    *,
+    origin: str | None = None,
+    snapshot: DatasetSnapshot | None = None,
+    schemata: Collection[str] | None = None,
 ) -> Iterator[pa.Table]:
-    """Every live statement of one snapshot, a range of buckets at a time.
+    """Every live statement of one snapshot (of the entities that may be of one of
+    ``schemata``: see :func:`live_statements`), a range of buckets at a time.
 
     Memory stays bounded by ``query_chunk_bytes`` (of Parquet) however large the
     table: each chunk is sorted by entity, and an entity's statements are all in
@@ -237,7 +268,9 @@ def live_chunks(
     """
     snapshot = snapshot or ds.snapshot()
     for span in bucket_ranges(snapshot, ds.settings.query_chunk_bytes):
-        chunk = live_statements(ds, origin=origin, snapshot=snapshot, bucket_range=span)
+        chunk = live_statements(
+            ds, origin=origin, snapshot=snapshot, bucket_range=span, schemata=schemata
+        )
         if chunk.num_rows:
             yield chunk
 
@@ -406,13 +439,18 @@ def query(
     *,
     entity_ids: Sequence[str] | None = None,
     origin: str | None = None,
+    schemata: Collection[str] | None = None,
     flush: bool = True,
     as_of: str | int | None = None,
 ) -> Iterator[StatementEntity]:
-    """Entities from live statements, filtered by ids, origin and an ftmq ``Query``.
+    """Entities from live statements, filtered by ids, origin, schema and an ftmq
+    ``Query``.
 
     With ids: those entities, sorted by id. Without: every live entity, streamed
     a range of buckets at a time (bounded memory; see :func:`live_chunks`).
+    ``schemata`` keeps the entities of those schemata (exact names, as ftmq's
+    ``schema__in``); unlike the same filter in ``q``, it is applied to the
+    tables, so only the entities that may match are read and aggregated.
     ``as_of`` reads a published version (a sequence number, snapshot id or
     time; see :func:`lakehouse_assets.versions.resolve`) and never flushes.
 
@@ -422,6 +460,10 @@ def query(
     says on the log how many journal rows are pending): a reader never fails
     because of a writer.
     """
+    wanted = frozenset(schemata or ())
+    for name in sorted(wanted):
+        if model.get(name) is None:
+            raise InvalidInputError(f"Dataset {ds.name!r}: unknown FtM schema {name!r}")
     snapshot = version_snapshot(ds, as_of) if as_of is not None else None
     if flush and snapshot is None:
         from lakehouse_assets.flush import flush_for_reading
@@ -432,8 +474,10 @@ def query(
             live_statements(ds, entity_ids=entity_ids, origin=origin, snapshot=snapshot)
         ]
     else:
-        tables = live_chunks(ds, origin=origin, snapshot=snapshot)
+        tables = live_chunks(ds, origin=origin, snapshot=snapshot, schemata=wanted)
     entities = aggregate(ds.name, (s for t in tables for s in to_statements(t)))
+    if wanted:
+        entities = (e for e in entities if e.schema.name in wanted)
     if q is not None:
         for entity in q.apply_iter(entities):
             assert isinstance(entity, StatementEntity)

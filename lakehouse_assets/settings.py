@@ -77,10 +77,12 @@ class Settings(BaseSettings):
         "current snapshot (saying how many journal rows are pending).",
     )
     query_chunk_bytes: int = Field(
-        default=32 * 1024 * 1024,
+        default=4 * 1024 * 1024,
         gt=0,
         description="Parquet bytes a query without entity ids reads at a time (its memory "
-        "bound: roughly 10x this in Arrow and Python objects).",
+        "bound: the chunk's rows decoded, joined and sorted in Arrow; at 4 MB a `query` "
+        "process peaks at about 0.6 GB whatever the table's size, and runs faster than "
+        "with 32 MB chunks, which peaked at 1.6 GB).",
     )
     # --- http sources ---
     http_timeout_seconds: float = Field(

@@ -506,7 +506,7 @@ CASES: list[Case] = [
         "query filter on an unknown schema",
         ("-d", "{ds}", "query", "--no-flush", "-s", "Nonexistent"),
         1,
-        r"invalid query: Invalid schema",
+        r"Dataset '{ds}': unknown FtM schema 'Nonexistent'",
         journal=False,
     ),
     Case(

@@ -89,6 +89,7 @@ def test_query_streams_a_range_of_buckets_at_a_time(spark, lake: Lakehouse) -> N
     streamed = [e for e in ds.query(flush=False)]
     assert len(streamed) == len({e.id for e in streamed})  # no entity split over chunks
     assert {e.id: e.to_dict() for e in streamed} == whole
+    assert [e.id for e in streamed] == list(whole)  # the same order, whatever the chunks
     assert sorted(whole["p-3"]["properties"]["nationality"]) == ["de"]
     # a read by ids, bucket by bucket (few buckets) or as one query (many): the
     # same entities as the whole table holds, the deleted one absent, origins kept
@@ -102,6 +103,53 @@ def test_query_streams_a_range_of_buckets_at_a_time(spark, lake: Lakehouse) -> N
     assert len({bucket_of(f"p-{i}") for i in range(0, 120, 4)}) > POINT_BUCKETS
     only_b = {e.id for e in ds.query(entity_ids=["p-3", "p-4"], origin="b", flush=False)}
     assert only_b == {"p-3"}
+
+
+def test_a_schema_filter_reads_only_the_entities_that_can_match(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    """``schemata`` is applied to the tables (only entities with a statement of a
+    wanted schema are read), yet gives what ftmq's schema filter gives on every
+    entity: an entity written as LegalEntity by one origin and as Company by
+    another is a Company, not a LegalEntity; an unknown schema is an error."""
+    from lakehouse_assets.errors import InvalidInputError
+
+    ds = lake.create_dataset("schemata")
+    entities = sample_entities()
+    ds.write_entities([json.dumps(e).encode() for e in entities], origin="crawl")
+    merged = [
+        {"id": "merged", "schema": "LegalEntity", "properties": {"name": ["Merged"]}},
+        {"id": "legal", "schema": "LegalEntity", "properties": {"name": ["Only legal"]}},
+    ]
+    ds.write_entities([json.dumps(e).encode() for e in merged], origin="a")
+    ds.add_entity(
+        {"id": "merged", "schema": "Company", "properties": {"jurisdiction": ["de"]}},
+        origin="b",
+    )
+    ds.delete_entity(str(entities[0]["id"]))
+    ds.flush()
+    everything = list(ds.query(flush=False))
+    names = {e.schema.name for e in everything} | {"LegalEntity", "Thing"}
+    for chunk_bytes in (1, 32 * 1024 * 1024):
+        ds.settings = ds.settings.model_copy(update={"query_chunk_bytes": chunk_bytes})
+        for wanted in [[n] for n in sorted(names)] + [sorted(names)]:
+            expected = [
+                e.to_dict() for e in ds.query(Query().where(M(schema__in=wanted)), flush=False)
+            ]
+            assert expected == [e.to_dict() for e in everything if e.schema.name in wanted]
+            got = [e.to_dict() for e in ds.query(schemata=wanted, flush=False)]
+            assert got == expected, wanted
+    companies = {e.id for e in ds.query(schemata=["Company"], flush=False)}
+    assert "merged" in companies and str(entities[0]["id"]) not in companies
+    assert [e.id for e in ds.query(schemata=["LegalEntity"], flush=False)] == ["legal"]
+    by_id = ds.query(entity_ids=["merged", "legal"], schemata=["Company"], flush=False)
+    assert [e.id for e in by_id] == ["merged"]
+    with_props = ds.query(Query().where(P(jurisdiction="de")), schemata=["Company"], flush=False)
+    assert "merged" in {e.id for e in with_props}
+    try:
+        list(ds.query(schemata=["Compnay"], flush=False))
+    except InvalidInputError as exc:
+        assert "Compnay" in str(exc) and "schemata" in str(exc)
+    else:
+        raise AssertionError("an unknown schema must be an error")
 
 
 def test_reads_follow_every_commit_of_the_tables(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
