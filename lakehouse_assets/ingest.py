@@ -3,7 +3,8 @@
 FollowTheMoney's value cleaning is the expensive part of a bulk write (about
 two thirds of the time). Chunks of lines are validated and turned into
 journal rows by a pool of spawned worker processes while the main process
-inserts the previous chunk, so both cores work. Order is kept (``imap``), and
+inserts the previous chunk, so both cores work. Order is kept, a few chunks
+are in flight at a time (memory does not grow with the input), and
 the first bad line aborts the bulk: its transaction rolls back, nothing from
 that input is committed.
 """
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from itertools import islice
+from itertools import chain, islice
+from multiprocessing.pool import AsyncResult
 from typing import IO
 
 from lakehouse_assets.entities import entity_statements, parse_line
@@ -23,6 +26,10 @@ from lakehouse_assets.journal import Row, bucket_of, statement_row
 #: Lines per chunk sent to a worker: big enough to amortise pickling,
 #: small enough to keep memory flat and the progress bar moving.
 CHUNK_LINES = 2_000
+#: Chunks per worker sent ahead of the one the writer takes: enough to keep the
+#: workers busy while the writer inserts, few enough that memory stays flat
+#: (a chunk and its rows are a few MB) whatever the input's size.
+IN_FLIGHT = 3
 #: Inputs shorter than this are validated in-process (spawning costs ~1 s).
 PARALLEL_AFTER_LINES = 20_000
 
@@ -99,6 +106,13 @@ def convert_lines(
     # spawn, not fork: delta-rs and threads in the parent must not be forked.
     ctx = mp.get_context("spawn")
     with ctx.Pool(workers) as pool:
-        from itertools import chain
-
-        yield from pool.imap(convert_chunk, chain(head, chunks), chunksize=1)
+        # At most IN_FLIGHT chunks sent and not yet taken, in order. (Pool.imap
+        # reads its whole input ahead on a thread: a 10M-statement file was
+        # held in memory, 2.2 GB.)
+        pending: deque[AsyncResult[ChunkResult]] = deque()
+        for chunk in chain(head, chunks):
+            pending.append(pool.apply_async(convert_chunk, (chunk,)))
+            if len(pending) >= IN_FLIGHT * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import multiprocessing as mp
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -122,6 +123,52 @@ def test_write_entities_in_parallel_matches_serial(
         )
     }
     assert {s.id for s in par.journal.live_entity_statements(dataset_name, first)} == expected
+
+
+def test_parallel_validation_reads_its_input_as_it_goes() -> None:
+    """The worker pool takes a few chunks ahead of the writer, not the whole input:
+    memory stays flat however large the file (Pool.imap read it all ahead)."""
+    from lakehouse_assets.ingest import CHUNK_LINES, IN_FLIGHT, PARALLEL_AFTER_LINES, convert_lines
+
+    total = 100 * CHUNK_LINES
+    taken = 0
+
+    def lines() -> Iterator[bytes]:
+        nonlocal taken
+        for i in range(total):
+            taken += 1
+            yield orjson.dumps(
+                {"id": f"e-{i}", "schema": "Person", "properties": {"name": [f"P {i}"]}}
+            )
+
+    results = convert_lines(
+        lines(), dataset="d", origin="o", source=None, seen="2026-01-01", workers=2
+    )
+    first = next(results)
+    assert first.lines == CHUNK_LINES and first.rows[0][4] == "e-0"  # entity_id
+    ahead = PARALLEL_AFTER_LINES + (IN_FLIGHT * 2 + 1) * CHUNK_LINES
+    assert CHUNK_LINES < taken <= ahead < total
+    second = next(results)  # in order
+    assert second.rows[0][4] == f"e-{CHUNK_LINES}"
+    results.close()  # the pool stops; the rest is never read
+    assert taken <= ahead + CHUNK_LINES
+
+
+def test_a_bad_line_deep_in_a_parallel_write_commits_nothing(tmp_path: Path) -> None:
+    """A bad line that a worker finds, long after the first chunks were inserted,
+    aborts the whole bulk: the error names the line, the journal stays empty."""
+    lake = Lakehouse(tmp_path / "lake", journal_url=f"sqlite:///{tmp_path / 'j.sqlite'}")
+    ds = lake.create_dataset("deep")
+    bad_line = 30_001
+    lines = [
+        orjson.dumps({"id": f"e-{i}", "schema": "Person", "properties": {"name": [f"P {i}"]}})
+        for i in range(1, 40_001)
+    ]
+    lines[bad_line - 1] = b'{"id": "e-bad", "schema": "Spaceship", "properties": {}}'
+    with pytest.raises(InvalidInputError) as failed:
+        ds.write_entities(io.BytesIO(b"\n".join(lines)), workers=2)
+    assert f"line {bad_line}" in str(failed.value) and "Spaceship" in str(failed.value)
+    assert ds.journal.count("deep") == 0
 
 
 def test_delete_entity_writes_tombstones(lake_with_journal: Lakehouse, dataset_name: str) -> None:
