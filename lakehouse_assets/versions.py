@@ -458,19 +458,80 @@ def _table_entry(
     }
 
 
-def _totals(ds: Dataset, snapshot: DatasetSnapshot) -> dict[str, Any]:
-    """Live statements and their first_seen/last_seen range, from the translog."""
+def _totals(
+    ds: Dataset,
+    snapshot: DatasetSnapshot,
+    parent: Version | None = None,
+    live_statements: int | None = None,
+) -> dict[str, Any]:
+    """Live statements (distinct ids) and their first_seen/last_seen range, from the
+    translog, with bounded memory.
+
+    The parent's figures when it holds the same table versions; the seen range
+    streamed batch by batch; the count as the statements export of this very
+    snapshot counted it while writing (``live_statements``: one line per
+    live statement id), else counted by DuckDB within a memory limit. (Reading
+    the translog's ids into Arrow and counting them there held 3.7 GB at 10M
+    statements.)
+    """
+    keys = ("live_statements", "first_seen", "last_seen")
+    if parent is not None and all(
+        parent.table_version(name) == version
+        for name, version in zip(("statements", "translog"), snapshot.versions, strict=True)
+    ):
+        inherited = parent.manifest.get("totals", {})
+        if all(k in inherited for k in keys):
+            return {k: inherited[k] for k in keys}
     log_data = arrow_dataset(
         snapshot.translog.files, TRANSLOG_SCHEMA, ds.statements_table.storage_options
-    ).to_table(columns=["id", "first_seen", "last_seen", "deleted_at"])
-    live = log_data.filter(pc.is_null(log_data.column("deleted_at")))
-    first = pc.min(live.column("first_seen")).as_py() if live.num_rows else None
-    last = pc.max(live.column("last_seen")).as_py() if live.num_rows else None
-    return {
-        "live_statements": pc.count_distinct(live.column("id")).as_py() if live.num_rows else 0,
-        "first_seen": first,
-        "last_seen": last,
-    }
+    )
+    first = last = None
+    live_rows = 0
+    for batch in log_data.to_batches(
+        columns=["first_seen", "last_seen"],
+        filter=pc.field("deleted_at").is_null(),
+        batch_size=256 * 1024,
+        # pyarrow's default read-ahead (4 files, 16 batches) held 0.9 GB at 10M
+        batch_readahead=2,
+        fragment_readahead=1,
+    ):
+        if batch.num_rows == 0:
+            continue
+        live_rows += batch.num_rows
+        low = pc.min(batch.column("first_seen")).as_py()
+        high = pc.max(batch.column("last_seen")).as_py()
+        first = low if first is None or (low is not None and low < first) else first
+        last = high if last is None or (high is not None and high > last) else last
+    if live_statements is None:
+        live_statements = _count_live_ids(log_data) if live_rows else 0
+    return {"live_statements": live_statements, "first_seen": first, "last_seen": last}
+
+
+def _count_live_ids(log_data: Any) -> int:
+    """Distinct statement ids among live translog rows (one statement may be live
+    in several origins): DuckDB's aggregation spills beyond its memory limit
+    (0.74 GB for the whole process at 10M statements, 1.9 s)."""
+    import tempfile
+
+    import duckdb
+
+    ids = log_data.scanner(
+        columns=["id"],
+        filter=pc.field("deleted_at").is_null(),
+        batch_size=64 * 1024,
+        batch_readahead=2,
+        fragment_readahead=1,
+    ).to_reader()
+    with tempfile.TemporaryDirectory(prefix="lakehouse-count-") as spill:
+        con = duckdb.connect(
+            config={"memory_limit": "256MB", "threads": 2, "temp_directory": spill}
+        )
+        try:
+            con.register("ids", ids)
+            row = con.execute("SELECT count(*) FROM (SELECT DISTINCT id FROM ids)").fetchone()
+        finally:
+            con.close()
+    return int(row[0]) if row else 0
 
 
 def _export_entries(
@@ -550,7 +611,17 @@ def build_manifest(
             tables[name] = entry
     exports = _export_entries(ds, known_exports)
     by_kind = {e["kind"]: e for e in exports}
-    totals = _totals(ds, snapshot)
+    from lakehouse_assets.exports import EXPORTS, STATEMENTS
+
+    counted = (known_exports or {}).get(EXPORTS[STATEMENTS][0], {})
+    totals = _totals(
+        ds,
+        snapshot,
+        parent,
+        live_statements=counted.get("rows")
+        if counted.get("snapshot") == list(snapshot.versions)
+        else None,
+    )
     totals["statements"] = sum(
         int(f.get("stats", {}).get("rows", 0))
         for f in tables.get("statements", {}).get("files", [])
