@@ -106,10 +106,17 @@ def test_flush_new_duplicate_and_tombstone(spark, lake: Lakehouse) -> None:  # t
     assert ds.get_entity(str(entities[0]["id"])) is not None or entities[0] is person
 
 
-def test_flush_in_many_batches_equals_one_batch(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_flush_in_many_batches_equals_one_batch(
+    spark, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Batches, and tasks within a batch (a task reads at most ``TASK_ROWS``
+    journal rows, whole buckets), cut the work, never the result."""
+    from lakehouse_assets import flush
+
     one = local_lake.create_dataset("one_batch")
     many = local_lake.create_dataset("many_batches")
-    for ds in (one, many):
+    tasks = local_lake.create_dataset("many_tasks")
+    for ds in (one, many, tasks):
         for e in sample_entities():
             ds.add_entity(e, origin="a")
         ds.add_entity(sample_entities()[0], origin="b")  # same statements, other origin
@@ -117,6 +124,19 @@ def test_flush_in_many_batches_equals_one_batch(spark, local_lake: Lakehouse) ->
     r2 = many.flush(batch_rows=10)
     assert r1.batches == 1 and r2.batches > 3
     assert r1.new == r2.new
+    monkeypatch.setattr(flush, "TASK_ROWS", 3)
+    staged: list[int] = []
+    real = flush.journal_frame
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        frame, rows = real(*args, **kwargs)
+        staged.append(len(frame.inputFiles()))
+        return frame, rows
+
+    monkeypatch.setattr(flush, "journal_frame", counted)
+    r3 = tasks.flush()
+    assert r3.batches == 1 and r3.new == r1.new
+    assert staged and staged[0] > 3  # one staged file per task
 
     # statement ids hash the dataset name: compare everything else
     def content(ds):  # type: ignore[no-untyped-def]
@@ -124,8 +144,8 @@ def test_flush_in_many_batches_equals_one_batch(spark, local_lake: Lakehouse) ->
         rows = [{k: v for k, v in r.items() if k not in skip} for r in table_rows(ds)]
         return sorted(rows, key=lambda r: (r["origin"], r["canonical_id"], r["prop"], r["value"]))
 
-    assert content(one) == content(many)
-    assert {r["origin"] for r in table_rows(many)} == {"a", "b"}
+    assert content(one) == content(many) == content(tasks)
+    assert table_rows(one, "translog") and {r["origin"] for r in table_rows(many)} == {"a", "b"}
 
 
 def test_tombstone_before_flush_never_reaches_the_table(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
