@@ -501,11 +501,11 @@ def _row_group_lookup(
         with fs.open_input_file(path) as handle:
             # all candidates in one read: reading the key column first and then
             # only the row group that holds the rows took longer (4.2 vs 5.9 ms a
-            # get at 1M), a read's fixed cost being most of a row group's; and
-            # on this thread: handing a few thousand rows to Arrow's thread pool
-            # cost more than decoding them (1.9 vs 3.0 ms a read, 2 cores, loaded)
+            # get at 1M), a read's fixed cost being most of a row group's. (Decoding
+            # on this thread instead of Arrow's pool made gets slower: 4.1-5.7 ->
+            # 5.9-7.7 ms median at 1M, idle machine.)
             parquet = pq.ParquetFile(handle, metadata=index.metadata)
-            table = parquet.read_row_groups(groups, columns=read, use_threads=False)
+            table = parquet.read_row_groups(groups, columns=read)
         # our types first (delta-rs writes string_view), then the values' filter
         table = table.cast(pa.schema([schema.field(n) for n in read]))
         if stored:
