@@ -295,4 +295,19 @@ def test_rows_come_back_as_written(
         assert sorted(table.column("lang").to_pylist(), key=str) == sorted(
             langs[: len(values)], key=str
         )
+    else:  # the flush tasks' reader: the query runs in SQLite, text comes back typed
+        from lakehouse_assets.journal import EVENTS_SCHEMA, read_sqlite_natively, sqlite_path
+
+        path = sqlite_path(journal.url)
+        assert path is not None
+        claim = journal.claim(dataset_name, "flush-test")
+        fields = ("bucket", "value", "lang", "original_value", "external", "first_seen")
+        for low, high in ((0, 255), (1, 3)):
+            table = read_sqlite_natively(path, claim, low, high)
+            assert table.schema == EVENTS_SCHEMA
+            got = sorted(zip(*(table.column(f).to_pylist() for f in fields), strict=True), key=repr)
+            expected = [
+                (r[1], r[9], r[10], r[11], r[12], r[13]) for r in rows if low <= r[1] <= high
+            ]
+            assert got == sorted(expected, key=repr)
     journal.clear(dataset_name)
