@@ -459,29 +459,19 @@ def _table_entry(
 
 
 def _totals(
-    ds: Dataset,
-    snapshot: DatasetSnapshot,
-    parent: Version | None = None,
-    live_statements: int | None = None,
+    ds: Dataset, snapshot: DatasetSnapshot, live_statements: int | None = None
 ) -> dict[str, Any]:
     """Live statements (distinct ids) and their first_seen/last_seen range, from the
     translog, with bounded memory.
 
-    The parent's figures when it holds the same table versions; the seen range
-    streamed batch by batch; the count as the statements export of this very
-    snapshot counted it while writing (``live_statements``: one line per
-    live statement id), else counted by DuckDB within a memory limit. (Reading
-    the translog's ids into Arrow and counting them there held 3.7 GB at 10M
-    statements.)
+    The seen range streamed batch by batch; the count as the statements export
+    of this very snapshot counted it while writing (``live_statements``: one
+    line per live statement id), else counted by DuckDB within a memory limit.
+    (Reading the translog's ids into Arrow and counting them there held 3.7 GB
+    at 10M statements.) A parent version's figures are no shortcut: publishing
+    tags the translog with a commit of its own, so the next snapshot never has
+    the parent's table versions.
     """
-    keys = ("live_statements", "first_seen", "last_seen")
-    if parent is not None and all(
-        parent.table_version(name) == version
-        for name, version in zip(("statements", "translog"), snapshot.versions, strict=True)
-    ):
-        inherited = parent.manifest.get("totals", {})
-        if all(k in inherited for k in keys):
-            return {k: inherited[k] for k in keys}
     log_data = arrow_dataset(
         snapshot.translog.files, TRANSLOG_SCHEMA, ds.statements_table.storage_options
     )
@@ -617,7 +607,6 @@ def build_manifest(
     totals = _totals(
         ds,
         snapshot,
-        parent,
         live_statements=counted.get("rows")
         if counted.get("snapshot") == list(snapshot.versions)
         else None,
