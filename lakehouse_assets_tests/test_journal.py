@@ -311,3 +311,58 @@ def test_rows_come_back_as_written(
             ]
             assert got == sorted(expected, key=repr)
     journal.clear(dataset_name)
+
+
+@pytest.mark.parametrize(
+    "others",
+    [
+        "nothing",
+        "an earlier dataset",
+        "a later dataset",
+        "a later write",
+        "lower buckets",
+        "higher buckets",
+    ],
+)
+def test_releasing_a_claim_deletes_exactly_the_claimed_rows(
+    lake_with_journal: Lakehouse, dataset_name: str, others: str
+) -> None:
+    """A flush's release deletes its claimed rows of the released buckets and
+    nothing else, whatever else the journal holds. (On SQLite, a journal that
+    holds nothing else is emptied at once, by the truncate optimisation; any
+    other row makes it delete row by row.)"""
+    from lakehouse_assets.journal import Write
+
+    journal = lake_with_journal.journal
+
+    def rows(dataset: str, buckets: range, tag: str) -> list[tuple[object, ...]]:
+        return [
+            (dataset, b, "origin", f"{tag}{b}", f"{tag}{b}", f"{tag}{b}s", "name", "name")
+            + ("Person", f"{tag} {b}", None, None, False, "2026-01-01T00:00:00", None, None)
+            for b in buckets
+        ]
+
+    claimed = range(10, 20)
+    kept: list[tuple[object, ...]] = []
+    if others == "an earlier dataset":
+        kept = rows(dataset_name[:-1], claimed, "e")  # a prefix sorts first
+    elif others == "a later dataset":
+        kept = rows(dataset_name + "z", claimed, "l")
+    elif others == "lower buckets":
+        kept = rows(dataset_name, range(0, 10), "b")
+    elif others == "higher buckets":
+        kept = rows(dataset_name, range(20, 30), "a")
+    if kept:  # written first: another dataset's rows have lower row ids than the claim's
+        journal.write(kept, Write.new("tests"))
+    journal.write(rows(dataset_name, claimed, "c"), Write.new("tests"))
+    claim = journal.claim(dataset_name, "flush-test")
+    if others == "a later write":  # committed after the claim: the next flush's
+        kept = rows(dataset_name, claimed, "w")
+        journal.write(kept, Write.new("tests"))
+
+    assert journal.release_claimed(claim, list(claimed)) == len(claimed)
+    datasets = {str(r[0]) for r in kept} | {dataset_name}
+    survivors = [row for dataset in datasets for row in journal.rows(dataset)]
+    assert sorted(survivors, key=repr) == sorted(kept, key=repr)
+    for dataset in datasets:
+        journal.clear(dataset)
