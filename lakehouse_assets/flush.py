@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, progress, staging
@@ -59,12 +58,12 @@ from lakehouse_assets.delta import commit, remove_action
 from lakehouse_assets.errors import LockedError
 from lakehouse_assets.journal import Claim
 from lakehouse_assets.locks import Fence
+from lakehouse_assets.reduce import reduce_events
 from lakehouse_assets.spark.delta_io import arrow_frame, read_snapshot, write_files
 from lakehouse_assets.spark.journal_source import journal_frame, reachable
 from lakehouse_assets.spark.session import get_spark, parallelism, remote_url, scratch_cleanup
 from lakehouse_assets.tables import (
     PROVENANCE_FIELDS,
-    STATEMENT_FIELDS,
     STATEMENTS_PARTITION,
     STATEMENTS_SCHEMA,
     TRANSLOG_SCHEMA,
@@ -141,92 +140,6 @@ def plan_batches(buckets: Sequence[tuple[int, int]], batch_rows: int) -> list[li
     if len(batches) > 1 and sizes[-1] < batch_rows // 4:
         batches[-2].extend(batches.pop())
     return batches
-
-
-#: Columns of a statement the reduce takes from its first live event.
-_STATEMENT_COLUMNS = tuple(
-    c for c in STATEMENT_FIELDS if c not in ("id", "first_seen", "last_seen")
-)
-#: The reduced batch: a statement's columns, its seen range, the last event's
-#: tombstone, and the tenant and write of its first and last events.
-REDUCED_SCHEMA = pa.schema(
-    [
-        *STATEMENTS_SCHEMA,
-        pa.field("deleted_at", pa.string()),
-        *(pa.field(name, pa.string()) for name in PROVENANCE_FIELDS),
-    ]
-)
-#: Provenance field → (journal column, aggregation over a statement's events in order).
-_PROVENANCE_SOURCES = {
-    "first_tenant": ("tenant", "first"),
-    "first_write": ("write_id", "first"),
-    "last_tenant": ("tenant", "last"),
-    "last_write": ("write_id", "last"),
-}
-
-
-def reduce_events(events: pa.Table) -> pa.Table:
-    """One row per (origin, id) of a batch of journal events (:data:`REDUCED_SCHEMA`).
-
-    A statement's columns come from its first live (not tombstone) event, its
-    ``first_seen`` is the earliest, ``last_seen`` the latest, ``deleted_at``
-    the last event's (NULL: written last, so live), and the tenant and write
-    of its first and its last event. Done in Arrow on the
-    driver, where the batch already is: most statements have one event in a
-    batch and pass straight through (a hash count finds them); only those
-    with several events go through the ordered aggregation. (Spark's
-    ``min_by`` over a struct of strings cannot hash-aggregate: it sorts the
-    whole batch, 18 s per million rows here against well under one.)
-    """
-    names = REDUCED_SCHEMA.names
-    keys = ["origin", "id"]
-    counts = events.group_by(keys).aggregate([("seq", "count")])
-    repeated = counts.filter(pc.greater(counts["seq_count"], 1))
-    # a statement with one event: it is its first and its last
-    for name, (source, _) in _PROVENANCE_SOURCES.items():
-        events = events.append_column(name, events[source])
-    if repeated.num_rows == 0:
-        return events.select(names)
-    key = pc.binary_join_element_wise(events["origin"], events["id"], "\x1f")
-    mask = pc.is_in(
-        key,
-        value_set=pc.binary_join_element_wise(repeated["origin"], repeated["id"], "\x1f"),
-    )
-    single = events.filter(pc.invert(mask)).select(names)
-    multi = events.filter(mask).sort_by("seq")
-    keep_nulls = pc.ScalarAggregateOptions(skip_nulls=False)
-    live = multi.filter(pc.is_null(multi["deleted_at"]))
-    firsts = live.group_by(keys, use_threads=False).aggregate(
-        [(c, "first", keep_nulls) for c in _STATEMENT_COLUMNS if c != "origin"]
-    )
-    seen = multi.group_by(keys, use_threads=False).aggregate(
-        [
-            ("first_seen", "min"),
-            ("last_seen", "max"),
-            ("deleted_at", "last", keep_nulls),
-            ("bucket", "first"),
-            *((source, agg, keep_nulls) for source, agg in _PROVENANCE_SOURCES.values()),
-        ]
-    )
-    joined = seen.join(firsts, keys=keys, join_type="left outer")
-    columns = {
-        name: joined[name if name in keys else f"{name}_{agg}"]
-        for name, agg in [
-            *((c, "first") for c in _STATEMENT_COLUMNS if c != "origin"),
-            ("first_seen", "min"),
-            ("last_seen", "max"),
-            ("deleted_at", "last"),
-            ("bucket", "first"),
-            ("origin", ""),
-            ("id", ""),
-        ]
-    }
-    for name, (source, agg) in _PROVENANCE_SOURCES.items():
-        columns[name] = joined[f"{source}_{agg}"]
-    many = pa.table(
-        [columns[n].cast(f.type) for n, f in zip(names, REDUCED_SCHEMA, strict=True)], names=names
-    )
-    return pa.concat_tables([single, many])
 
 
 def _tasks(ds: Dataset, rows: int, old_bytes: int) -> int:

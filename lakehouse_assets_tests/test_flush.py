@@ -246,8 +246,8 @@ def reference_reduce(
 def test_reduce_events_follows_the_rule(
     raw: list[tuple[str, str, str, bool, int, str, int]], rnd: Any
 ) -> None:
-    from lakehouse_assets.flush import REDUCED_SCHEMA, reduce_events
     from lakehouse_assets.journal import EVENTS_SCHEMA
+    from lakehouse_assets.reduce import REDUCED_SCHEMA, reduce_events
 
     events = []
     for seq, (origin, sid, schema, tomb, t, tenant, write) in enumerate(raw):

@@ -4,7 +4,7 @@ A flush batch is a range of buckets with known row counts. This source cuts
 it into ranges of about equal size, one input partition each; every task
 opens the journal itself (SQLite file or PostgreSQL), reads its claimed rows
 straight into Arrow (:meth:`Journal.read_claimed`), reduces them to one row
-per statement (:func:`flush.reduce_events`) and writes them as a Parquet file
+per statement (:func:`reduce.reduce_events`) and writes them as a Parquet file
 into the run's staging area in the lake, answering only (path, rows). The
 rows never pass through the driver, every core reads, and Spark then scans
 the staged files with its own reader (cheaper than caching rows that came
@@ -67,8 +67,8 @@ class JournalReader(DataSourceReader):
         return [_Range(low, high) for low, high in self.ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from lakehouse_assets.flush import reduce_events
         from lakehouse_assets.journal import Claim, read_sqlite_natively, sqlite_path
+        from lakehouse_assets.reduce import reduce_events
         from lakehouse_assets.spark.delta_io import stage_table
 
         assert isinstance(partition, _Range)
@@ -169,7 +169,7 @@ def journal_frame(
     Parquet files staged by Spark's tasks, and how many rows they hold."""
     from dataclasses import asdict
 
-    from lakehouse_assets.flush import REDUCED_SCHEMA
+    from lakehouse_assets.reduce import REDUCED_SCHEMA
     from lakehouse_assets.spark.delta_io import read_snapshot
     from lakehouse_assets.tables import DataFile
 
