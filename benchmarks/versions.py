@@ -14,6 +14,7 @@ Numbers only; nothing here is asserted.
 from __future__ import annotations
 
 import argparse
+import io
 import random
 import shutil
 import statistics
@@ -95,7 +96,7 @@ def main() -> None:
     assert parent is not None and head is not None
     old = versions.snapshot_at(ds, parent)
     new = versions.snapshot_at(ds, head)
-    seconds, _ = timed(lambda: versions.render_diff(ds, old, new))
+    seconds, _ = timed(lambda: versions.render_diff(ds, old, new, io.BytesIO()))
     print(f"diff of version 2 (from the translog): {seconds:.3f} s", flush=True)
     seconds, _ = timed(
         lambda: versions.build_manifest(ds, new, parent, index_text="{}", statements_fresh=True)
