@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import time
@@ -118,6 +119,9 @@ class ExportResult:
             "cleaned": self.cleaned,
             **({"graph": self.graph} if self.graph is not None else {}),
         }
+
+
+log = logging.getLogger(__name__)
 
 
 def dependencies(kind: str) -> tuple[str, ...]:
@@ -288,7 +292,9 @@ def _run_pass(
     """One Spark plan over one snapshot writing the requested kinds (see module docstring)."""
     from pyspark.sql import functions as F
 
+    step = progress.Steps(log, f"export {ds.name}")
     spark = get_spark(ds.settings)
+    step("Spark session")
     staging_rel = staging.new_area(ds, "export")
     staging_uri = ds.store.full_uri(staging_rel)
     options = dict(ds.statements_table.storage_options)
@@ -322,15 +328,18 @@ def _run_pass(
             entities = ftm_sql.entity_frame(ordered).persist()
             cached.append(entities)
             stats, rows = ftm_sql.statistics(entities)
+            step("entities aggregated and counted (statistics)")
             if ENTITIES in kinds:
                 lines = entities.sortWithinPartitions("canonical_id").select(ftm_sql.entity_json())
                 entity_parts = _write_lines(lines, staging_uri, options, "entities")
+                step("entities.ftm.json parts written")
         if STATEMENTS in kinds:
             csv_parts = _write_lines(
                 ordered.select(ftm_sql.csv_line()), staging_uri, options, "csv"
             )
             if rows is None:
                 rows = ordered.count()
+            step("statements.csv parts written")
         faults.point("export.after_parts")
         if ENTITIES in kinds:
             w = _assemble(ds, entity_parts, cv.ENTITIES_JSON, staging_rel)
@@ -339,6 +348,7 @@ def _run_pass(
             header = csv_header()
             w = _assemble(ds, csv_parts, cv.STATEMENTS_CSV, staging_rel, header=header)
             out[STATEMENTS] = {"rows": rows, **_describe(w)}
+        step("parts joined and hashed")
         if STATISTICS in kinds:
             text = ftm_sql.stats_json(stats)
             path = cv.dataset_path(ds.name, cv.STATISTICS_JSON)

@@ -225,19 +225,6 @@ def rewrite_translog(
     )
 
 
-class _Steps:
-    """Logs how long each step of a flush batch took (``-v`` / INFO)."""
-
-    def __init__(self, dataset: str) -> None:
-        self.dataset = dataset
-        self.clock = time.monotonic()
-
-    def __call__(self, message: str, *args: object) -> None:
-        now = time.monotonic()
-        log.info("flush %s: " + message + " (%.2f s)", self.dataset, *args, now - self.clock)
-        self.clock = now
-
-
 #: Journal rows a flush task reads and reduces at most (about: a task takes
 #: whole buckets). A task holds its rows in Arrow several times over (the
 #: read, the reduce, the staged copy) in a Python worker Spark keeps for the
@@ -287,7 +274,7 @@ def _flush_batch(
 ) -> None:
     from pyspark.sql import functions as F
 
-    step = _Steps(ds.name)
+    step = progress.Steps(log, f"flush {ds.name}")
     buckets = [b for b, _ in batch]
     journal_rows = sum(n for _, n in batch)
     if journal_rows == 0:

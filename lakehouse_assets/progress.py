@@ -31,6 +31,21 @@ def stage(message: str, *args: object) -> None:
     log.info(message, *args)
 
 
+class Steps:
+    """Logs how long each step of an operation took, on the operation's own
+    logger at INFO (the CLI's ``-v``): the timings to profile from."""
+
+    def __init__(self, logger: logging.Logger, what: str) -> None:
+        self.logger = logger
+        self.what = what
+        self.clock = time.monotonic()
+
+    def __call__(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        self.logger.info("%s: " + message + " (%.2f s)", self.what, *args, now - self.clock)
+        self.clock = now
+
+
 class _Throttle:
     """Lets a line through when its text changed and ``SPARK_INTERVAL`` has passed."""
 
