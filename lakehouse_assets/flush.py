@@ -13,7 +13,7 @@ The specification's process, made safe against crashes and concurrent writers:
    columns from the first write, the earliest ``first_seen``, the latest
    ``last_seen``, and the last event's ``deleted_at`` (a tombstone, or NULL
    when the statement was written last) — in Arrow, where the batch already
-   is (:func:`reduce_events`), then staged as Parquet in the lake for Spark.
+   is (:func:`reduce.reduce_events`), then staged as Parquet in the lake for Spark.
 4. Statements not yet in the main table (checked by Spark against the table
    itself, only the batch's buckets) are **new**: Spark writes them as
    Parquet, delta-rs commits them (one append).
