@@ -503,10 +503,6 @@ def _count_live_ids(log_data: Any) -> int:
     """Distinct statement ids among live translog rows (one statement may be live
     in several origins): DuckDB's aggregation spills beyond its memory limit
     (0.74 GB for the whole process at 10M statements, 1.9 s)."""
-    import tempfile
-
-    import duckdb
-
     ids = log_data.scanner(
         columns=["id"],
         filter=pc.field("deleted_at").is_null(),

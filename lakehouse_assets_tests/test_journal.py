@@ -13,11 +13,12 @@ from followthemoney import model
 from followthemoney.statement import Statement
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import event
 
 from lakehouse_assets import Lakehouse
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import ConfigurationError, InvalidInputError
-from lakehouse_assets.journal import Journal
+from lakehouse_assets.journal import Journal, journal_table
 from lakehouse_assets_tests.conftest import sample_entities
 
 
@@ -360,9 +361,42 @@ def test_releasing_a_claim_deletes_exactly_the_claimed_rows(
         kept = rows(dataset_name, claimed, "w")
         journal.write(kept, Write.new("tests"))
 
-    assert journal.release_claimed(claim, list(claimed)) == len(claimed)
+    deletes: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.lstrip().upper().startswith("DELETE"):
+            deletes.append(" ".join(statement.split()))
+
+    event.listen(journal.engine, "before_cursor_execute", seen)
+    try:
+        assert journal.release_claimed(claim, list(claimed)) == len(claimed)
+    finally:
+        event.remove(journal.engine, "before_cursor_execute", seen)
+    truncated = f"DELETE FROM {journal_table.name}" in deletes
+    assert truncated == (journal.dialect == "sqlite" and others == "nothing"), deletes
     datasets = {str(r[0]) for r in kept} | {dataset_name}
     survivors = [row for dataset in datasets for row in journal.rows(dataset)]
     assert sorted(survivors, key=repr) == sorted(kept, key=repr)
     for dataset in datasets:
         journal.clear(dataset)
+
+
+def test_a_release_holds_the_write_lock_while_it_checks(tmp_path: Path) -> None:
+    """Whether the journal holds only the claimed rows is checked under SQLite's
+    write lock: a write arriving meanwhile waits, so it can never be emptied
+    away with the claimed rows."""
+    import sqlite3
+
+    from lakehouse_assets.journal import Write
+
+    journal = Journal(f"sqlite:///{tmp_path}/journal.sqlite")
+    row = ("d", 1, "o", "e", "e", "s", "name", "name", "Person", "v")
+    journal.write([(*row, None, None, False, None, None, None)], Write.new("tests"))
+    claim = journal.claim("d", "flush-test")
+    with journal.engine.begin() as conn:
+        assert journal._only_these(conn, claim, 1, 1)
+        other = sqlite3.connect(tmp_path / "journal.sqlite", timeout=0.2)
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            other.execute(f"DELETE FROM {journal_table.name}")
+        other.close()
+    assert journal.count("d") == 1
