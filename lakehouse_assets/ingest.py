@@ -3,7 +3,8 @@
 FollowTheMoney's value cleaning is the expensive part of a bulk write (about
 two thirds of the time). Chunks of lines are validated and turned into
 journal rows by a pool of spawned worker processes while the main process
-inserts the previous chunk, so both cores work. Order is kept, a few chunks
+inserts the previous chunk, so both cores work. For PostgreSQL the workers
+also encode their rows as ``COPY`` input, so the writer only sends bytes. Order is kept, a few chunks
 are in flight at a time (memory does not grow with the input), and
 the first bad line aborts the bulk: its transaction rolls back, nothing from
 that input is committed.
@@ -21,7 +22,7 @@ from multiprocessing.pool import AsyncResult
 from typing import IO
 
 from lakehouse_assets.entities import entity_statements, parse_line
-from lakehouse_assets.journal import Row, bucket_of, statement_row
+from lakehouse_assets.journal import Row, Write, bucket_of, statement_row, statements_copy_csv
 
 #: Lines per chunk sent to a worker: big enough to amortise pickling,
 #: small enough to keep memory flat and the progress bar moving.
@@ -42,32 +43,48 @@ class Chunk:
     seen: str
     first_line: int
     lines: list[bytes]
+    #: set when the journal takes ``COPY`` input: the chunk comes back encoded,
+    #: its rows stamped with this write
+    copy_for: Write | None = None
 
 
 @dataclass(slots=True)
 class ChunkResult:
+    #: journal rows (empty when ``copy`` holds them)
     rows: list[Row]
     entities: int
     lines: int
+    #: statements in the chunk
+    count: int
+    #: the rows as :func:`~lakehouse_assets.journal.statements_copy_csv` input
+    copy: bytes | None = None
 
 
 def convert_chunk(chunk: Chunk) -> ChunkResult:
     """Validate a chunk of lines and build its journal rows (runs in workers)."""
-    rows: list[Row] = []
-    entities = 0
+    grouped = []
     for offset, raw in enumerate(chunk.lines):
         proxy = parse_line(
             raw, dataset=chunk.dataset, source=chunk.source, lineno=chunk.first_line + offset
         )
         if proxy is None:
             continue
-        entities += 1
         stmts = entity_statements(
             proxy, dataset=chunk.dataset, origin=chunk.origin, seen=chunk.seen
         )
-        bucket = bucket_of(stmts[0].canonical_id)
-        rows.extend(statement_row(s, chunk.dataset, chunk.origin, bucket=bucket) for s in stmts)
-    return ChunkResult(rows, entities, len(chunk.lines))
+        grouped.append((bucket_of(stmts[0].canonical_id), stmts))
+    count = sum(len(stmts) for _, stmts in grouped)
+    if chunk.copy_for is not None:
+        data = statements_copy_csv(
+            grouped, dataset=chunk.dataset, origin=chunk.origin, write=chunk.copy_for
+        )
+        return ChunkResult([], len(grouped), len(chunk.lines), count, data)
+    rows = [
+        statement_row(s, chunk.dataset, chunk.origin, bucket=bucket)
+        for bucket, stmts in grouped
+        for s in stmts
+    ]
+    return ChunkResult(rows, len(grouped), len(chunk.lines), count)
 
 
 def _chunks(
@@ -88,11 +105,13 @@ def convert_lines(
     source: str | None,
     seen: str,
     workers: int | None = None,
+    copy_for: Write | None = None,
 ) -> Iterator[ChunkResult]:
-    """Journal rows for FtM JSON lines, chunk by chunk, in input order."""
+    """Journal rows for FtM JSON lines, chunk by chunk, in input order
+    (encoded as ``COPY`` input, stamped with ``copy_for``, when it is given)."""
 
     def make(first: int, lines: list[bytes]) -> Chunk:
-        return Chunk(dataset, origin, source, seen, first, lines)
+        return Chunk(dataset, origin, source, seen, first, lines, copy_for)
 
     chunks = _chunks(fh, make)
     head = list(islice(chunks, PARALLEL_AFTER_LINES // CHUNK_LINES))

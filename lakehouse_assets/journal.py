@@ -187,19 +187,61 @@ def write_time(write_id: str | None) -> str | None:
 ROWS_SCHEMA = pa.schema([EVENTS_SCHEMA.field(n) for n in (*COLUMNS, *PROVENANCE)])
 
 
-def copy_csv(rows: Sequence[Row]) -> bytes:
-    """Rows (``COLUMNS`` then ``PROVENANCE``) as PostgreSQL's ``COPY ... (FORMAT csv)``
+def copy_csv(rows: Sequence[Row], write: Write) -> bytes:
+    """Rows (``COLUMNS`` order) of ``write`` as PostgreSQL's ``COPY ... (FORMAT csv)``
     input: strings quoted where needed, an empty string as ``""``, NULL as nothing.
     COPY's end-of-data marker (a backslash and a dot alone on a line) can only
     occur inside a quoted multi-line value, where COPY does not take it for the
     end (tested with such values)"""
+    n = len(rows)
+    arrays = [
+        pa.array(values, field.type)
+        for values, field in zip(zip(*rows, strict=True), ROWS_SCHEMA, strict=False)
+    ]
+    return _csv([*arrays, *_stamp(write, n)])
+
+
+def statements_copy_csv(
+    entities: Sequence[tuple[int, Sequence[Statement]]],
+    *,
+    dataset: str,
+    origin: str,
+    write: Write,
+) -> bytes:
+    """The statements of entities (each with its bucket) as :func:`copy_csv` of
+    their :func:`statement_row` rows would encode them, built column by column.
+
+    Bulk writes to PostgreSQL call this in the worker processes that validate
+    the input, so the writer's process only hands bytes to ``COPY``: made by
+    the writer from rows, the CSV took as long as PostgreSQL's own insert, in
+    series with it (see README, "Journal writes")."""
+    stmts = [s for _, group in entities for s in group]
+    n = len(stmts)
+    columns: dict[str, pa.Array] = {
+        "dataset": pa.repeat(pa.scalar(dataset, pa.string()), n),
+        "bucket": pa.array([bucket for bucket, group in entities for _ in group], pa.int32()),
+        "origin": pa.array([s.origin or origin for s in stmts], pa.string()),
+        "external": pa.array([bool(s.external) for s in stmts], pa.bool_()),
+        "deleted_at": pa.nulls(n, pa.string()),
+    }
+    for name in COLUMNS:
+        if name not in columns:
+            columns[name] = pa.array([getattr(s, name) for s in stmts], pa.string())
+    return _csv([*(columns[name] for name in COLUMNS), *_stamp(write, n)])
+
+
+def _stamp(write: Write, n: int) -> list[pa.Array]:
+    """The ``PROVENANCE`` columns of ``n`` rows of ``write``."""
+    return [
+        pa.repeat(pa.scalar(write.tenant, pa.string()), n),
+        pa.repeat(pa.scalar(write.write_id, pa.string()), n),
+    ]
+
+
+def _csv(arrays: Sequence[pa.Array]) -> bytes:
     import pyarrow.csv as pacsv
 
-    columns = list(zip(*rows, strict=True))
-    table = pa.Table.from_arrays(
-        [pa.array(values, field.type) for values, field in zip(columns, ROWS_SCHEMA, strict=True)],
-        schema=ROWS_SCHEMA,
-    )
+    table = pa.Table.from_arrays(list(arrays), schema=ROWS_SCHEMA)
     sink = io.BytesIO()
     pacsv.write_csv(table, sink, pacsv.WriteOptions(include_header=False, quoting_style="needed"))
     return sink.getvalue()
@@ -445,6 +487,13 @@ class Journal:
         """Insert rows (``COLUMNS`` order) of ``write`` on an open transaction, fast."""
         if not rows:
             return
+        if self.dialect == "postgresql":
+            # COPY: one round trip per batch and no per-row statement parsing
+            # (about 6x INSERT ... VALUES pages), its CSV written by Arrow: making
+            # COPY's text in Python, field by field, took two thirds of a bulk
+            # write's time (42.7k statements/s; Arrow's CSV writer: see README)
+            self.insert_copy(conn, copy_csv(rows, write))
+            return
         stamp = (write.tenant, write.write_id)
         rows = [(*r, *stamp) for r in rows]
         names = (*COLUMNS, *PROVENANCE)
@@ -454,24 +503,32 @@ class Journal:
             conn.exec_driver_sql(
                 f"INSERT INTO {journal_table.name} ({cols}) VALUES ({marks})", rows
             )
-        elif self.dialect == "postgresql":
-            # COPY: one round trip per batch and no per-row statement parsing
-            # (about 6x INSERT ... VALUES pages), its CSV written by Arrow: making
-            # COPY's text in Python, field by field, took two thirds of a bulk
-            # write's time (42.7k statements/s; Arrow's CSV writer: see README)
-            cols = ", ".join(f'"{c}"' for c in names)
-            dbapi = conn.connection.dbapi_connection
-            assert dbapi is not None
-            cur = dbapi.cursor()
-            try:
-                cur.copy_expert(
-                    f"COPY {journal_table.name} ({cols}) FROM STDIN WITH (FORMAT csv)",
-                    io.BytesIO(copy_csv(rows)),
-                )
-            finally:
-                cur.close()
         else:
             conn.execute(journal_table.insert(), [dict(zip(names, r, strict=True)) for r in rows])
+
+    @property
+    def takes_copy(self) -> bool:
+        """Whether bulk rows may come as :func:`copy_csv` bytes (:meth:`insert_copy`)."""
+        return self.dialect == "postgresql"
+
+    def insert_copy(self, conn: Connection, data: bytes) -> None:
+        """Insert rows encoded by :func:`copy_csv` or :func:`statements_copy_csv`
+        (PostgreSQL only) on an open transaction."""
+        if not self.takes_copy:
+            raise TypeError(f"a {self.dialect} journal takes rows, not COPY input")
+        if not data:
+            return
+        cols = ", ".join(f'"{c}"' for c in (*COLUMNS, *PROVENANCE))
+        dbapi = conn.connection.dbapi_connection
+        assert dbapi is not None
+        cur = dbapi.cursor()
+        try:
+            cur.copy_expert(
+                f"COPY {journal_table.name} ({cols}) FROM STDIN WITH (FORMAT csv)",
+                io.BytesIO(data),
+            )
+        finally:
+            cur.close()
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:

@@ -418,8 +418,12 @@ class Dataset:
                 source=source,
                 seen=bulk.seen,
                 workers=workers,
+                copy_for=bulk.write if self.journal.takes_copy else None,
             ):
-                bulk.add_rows(result.rows, entities=result.entities)
+                if result.copy is not None:
+                    bulk.add_copy(result.copy, count=result.count, entities=result.entities)
+                else:
+                    bulk.add_rows(result.rows, entities=result.entities)
                 if progress is not None:
                     progress(result.lines)
         return bulk
@@ -598,13 +602,16 @@ class BulkWriter:
     def __enter__(self) -> BulkWriter:
         return self
 
-    def _flush_batch(self) -> None:
-        if not self._rows:
-            return
+    def _connection(self) -> Connection:
         if self._conn is None:
             self._conn = self.journal.engine.connect()
             self._tx = self._conn.begin()
-        self.journal.insert_rows(self._conn, self._rows, self.write)
+        return self._conn
+
+    def _flush_batch(self) -> None:
+        if not self._rows:
+            return
+        self.journal.insert_rows(self._connection(), self._rows, self.write)
         self._rows = []
 
     def add_entity(self, entity: EntityProxy | dict[str, Any]) -> int:
@@ -625,6 +632,14 @@ class BulkWriter:
         self.entities += entities
         if len(self._rows) >= self.batch_size:
             self._flush_batch()
+
+    def add_copy(self, data: bytes, *, count: int, entities: int = 0) -> None:
+        """Add ``count`` rows of this write already encoded as ``COPY`` input by
+        :mod:`ingest` (validated; PostgreSQL), after the rows added before."""
+        self._flush_batch()
+        self.journal.insert_copy(self._connection(), data)
+        self.count += count
+        self.entities += entities
 
     def add_statement(self, stmt: Statement | dict[str, Any]) -> None:
         if isinstance(stmt, dict):
