@@ -33,7 +33,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import yaml
-from followthemoney.dataset.dataset import DatasetModel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from lakehouse_assets import conventions as cv
@@ -41,15 +40,29 @@ from lakehouse_assets.errors import InvalidConfigError, SourceNotFoundError
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.storage import Store
 
-#: Fields of a dataset's metadata (``DatasetModel``) the catalog may default:
-#: descriptive ones. Name and title are the dataset's own; counts, dates and
-#: children are computed.
-DATASET_DEFAULT_FIELDS: tuple[str, ...] = tuple(
-    name
-    for name in DatasetModel.model_fields
-    if name
-    not in ("name", "title", "children", "updated_at", "last_export", "entity_count", "thing_count")
+#: Fields of a dataset's metadata (``DatasetModel``) the catalog may not
+#: default: name and title are the dataset's own; counts, dates and children
+#: are computed.
+NOT_DEFAULTED = (
+    "name",
+    "title",
+    "children",
+    "updated_at",
+    "last_export",
+    "entity_count",
+    "thing_count",
 )
+
+
+def dataset_default_fields() -> tuple[str, ...]:
+    """Fields of a dataset's metadata the catalog may default: descriptive ones.
+
+    A function, not a constant: followthemoney is imported only where it is
+    used (about 0.5 s of every CLI command that never touches an entity)."""
+    from followthemoney.dataset.dataset import DatasetModel
+
+    return tuple(name for name in DatasetModel.model_fields if name not in NOT_DEFAULTED)
+
 
 #: Where a setting's value came from (see the precedence in the module docstring).
 Source = Literal["argument", "environment", "config.yml", "default"]
@@ -112,11 +125,13 @@ class CatalogConfig(BaseModel):
     @field_validator("dataset_defaults")
     @classmethod
     def _dataset_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(value) - set(DATASET_DEFAULT_FIELDS))
+        from followthemoney.dataset.dataset import DatasetModel
+
+        allowed = dataset_default_fields()
+        unknown = sorted(set(value) - set(allowed))
         if unknown:
             raise ValueError(
-                f"unknown dataset field(s) {', '.join(unknown)} "
-                f"(allowed: {', '.join(DATASET_DEFAULT_FIELDS)})"
+                f"unknown dataset field(s) {', '.join(unknown)} (allowed: {', '.join(allowed)})"
             )
         try:
             DatasetModel.model_validate({"name": "defaults", "title": "defaults", **value})

@@ -21,7 +21,6 @@ import click
 from tqdm import tqdm
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.entities import read_statements_csv
 from lakehouse_assets.errors import InvalidInputError, LakehouseError
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.settings import Settings
@@ -435,6 +434,8 @@ def statements_write(obj: Context, path: str, origin: str) -> None:
     Example:
       lakehouse -d my_dataset statements write -i statements.csv
     """
+    from lakehouse_assets.entities import read_statements_csv
+
     ds = obj.dataset()
     with (
         _input(path) as (fh, source),

@@ -23,10 +23,6 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 import yaml
-from followthemoney import model
-from followthemoney.dataset.dataset import DatasetModel
-from followthemoney.proxy import EntityProxy
-from followthemoney.statement import Statement
 from sqlalchemy.engine import Connection, RootTransaction
 
 from lakehouse_assets import conventions as cv
@@ -38,14 +34,7 @@ from lakehouse_assets.catalog import (
     load_catalog_config,
 )
 from lakehouse_assets.delta import DeltaLocation
-from lakehouse_assets.entities import (
-    check_statement,
-    entity_statements,
-    make_statement,
-    validate_entity,
-)
 from lakehouse_assets.errors import DatasetNotFoundError, InvalidInputError
-from lakehouse_assets.ingest import convert_lines
 from lakehouse_assets.jobs import JobRecorder, record_job
 from lakehouse_assets.journal import Journal, Row, Write, iso, statement_row
 from lakehouse_assets.locks import Lock, dataset_lock, operation_lock
@@ -58,6 +47,11 @@ from lakehouse_assets.tags import Tags
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    # followthemoney is imported where an entity or statement is made or read:
+    # about 0.5 s of every CLI command and Spark worker that does neither
+    from followthemoney.dataset.dataset import DatasetModel
+    from followthemoney.proxy import EntityProxy
+    from followthemoney.statement import Statement
     from followthemoney.statement.entity import StatementEntity
     from ftmq.query import Query
 
@@ -138,6 +132,8 @@ class Lakehouse:
         current.update({k: v for k, v in fields.items() if v is not None})
         current["name"] = name
         current["title"] = title or current.get("title") or name
+        from followthemoney.dataset.dataset import DatasetModel
+
         config = DatasetModel.model_validate(current)
         self.store.write_text(
             path,
@@ -242,6 +238,8 @@ class Dataset:
         return self.tags(cv.LAKEHOUSE_TENANT)
 
     def config(self) -> DatasetModel:
+        from followthemoney.dataset.dataset import DatasetModel
+
         raw = yaml.safe_load(self.store.read_text(cv.dataset_path(self.name, cv.CONFIG))) or {}
         return DatasetModel.model_validate(raw)
 
@@ -410,6 +408,8 @@ class Dataset:
         ``progress`` is called with the number of input lines of each chunk.
         Returns the finished writer (``.entities`` and ``.count`` statements).
         """
+        from lakehouse_assets.ingest import convert_lines
+
         with self.bulk(origin) as bulk:
             for result in convert_lines(
                 lines,
@@ -615,6 +615,8 @@ class BulkWriter:
         self._rows = []
 
     def add_entity(self, entity: EntityProxy | dict[str, Any]) -> int:
+        from lakehouse_assets.entities import entity_statements, validate_entity
+
         proxy = validate_entity(entity, dataset=self.dataset.name)
         name, origin = self.dataset.name, self.origin
         stmts = entity_statements(proxy, dataset=name, origin=origin, seen=self.seen)
@@ -642,6 +644,10 @@ class BulkWriter:
         self.entities += entities
 
     def add_statement(self, stmt: Statement | dict[str, Any]) -> None:
+        from followthemoney import model
+
+        from lakehouse_assets.entities import check_statement, make_statement
+
         if isinstance(stmt, dict):
             stmt = make_statement(stmt, dataset=self.dataset.name, origin=self.origin)
         elif model.get(stmt.schema) is None:
@@ -698,6 +704,8 @@ DOCUMENT_MARK = "document_entity"
 
 def document_entity(meta: FileMeta) -> EntityProxy:
     """The FtM Document entity of an archived file (id: its checksum)."""
+    from followthemoney import model
+
     proxy = model.make_entity("Document")
     proxy.id = meta.checksum
     proxy.add("contentHash", meta.checksum)

@@ -536,3 +536,35 @@ def test_queue_push_ls_consume(run, tmp_path: Path) -> None:  # type: ignore[no-
         (bad, "failed"),
     ]
     assert ok(run("-d", "demo", "queue", "ls")).stdout == ""
+
+
+def test_commands_that_touch_no_entity_import_no_followthemoney(tmp_path: Path) -> None:
+    """followthemoney costs about 0.5 s of a process's start: a flush or an
+    archive command never imports it (nor does ``lakehouse --help``); writing
+    entities does."""
+    lake_dir, journal = tmp_path / "lake", f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    Lakehouse(lake_dir, journal_url=journal).create_dataset("quiet")
+    probe = (
+        "import sys\n"
+        "from lakehouse_assets.cli import cli\n"
+        "for args in sys.argv[1:]:\n"
+        "    cli.main(args.split('|'), standalone_mode=False)\n"
+        "print('\\nimported:', 'followthemoney' in sys.modules)\n"
+    )
+    common = f"--lake|{lake_dir}|--journal-url|{journal}"
+    quiet = [f"{common}|-d|quiet|{command}" for command in ("flush", "archive|ls")]
+
+    def imported(*commands: str) -> bool:
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *commands],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return done.stdout.strip().splitlines()[-1] == "imported: True"
+
+    assert not imported(*quiet)
+    assert not imported("--help")
+    entities = SAMPLE / "entities.ftm.json"
+    assert imported(f"{common}|-d|quiet|entities|write|-i|{entities}")
