@@ -515,7 +515,12 @@ GRAPH_RESOURCES: dict[str, tuple[str, str, str]] = {
 }
 
 
-def _neo4j_resources(ds: Dataset) -> list[dict[str, Any]]:
+#: What is known of files of a dataset (by path under it): ``size`` and
+#: ``sha256``, from the export pass that wrote them or from hashing them once.
+Checksums = dict[str, dict[str, Any]]
+
+
+def _neo4j_resources(ds: Dataset, known: Checksums) -> list[dict[str, Any]]:
     """Each Neo4j bulk-import file present (one per schema, so listed from the
     lake), named ``neo4j/{file}``."""
     prefix = cv.dataset_path(ds.name, cv.GRAPH_NEO4J) + "/"
@@ -524,35 +529,42 @@ def _neo4j_resources(ds: Dataset) -> list[dict[str, Any]]:
         name = full[len(prefix) :]
         mime = "text/csv" if name.endswith(".csv") else "text/x-shellscript"
         path = f"{cv.GRAPH_NEO4J}/{name}"
-        if resource := _resource_of(ds, path, cv.EXPORTS_GRAPH, mime, f"neo4j/{name}"):
+        if resource := _resource_of(ds, path, cv.EXPORTS_GRAPH, mime, known, f"neo4j/{name}"):
             found.append(resource)
     return found
 
 
-def _resource(ds: Dataset, kind: str) -> dict[str, Any] | None:
+def _resource(ds: Dataset, kind: str, known: Checksums) -> dict[str, Any] | None:
     path, tag, mime = EXPORTS[kind] if kind in EXPORTS else GRAPH_RESOURCES[kind]
-    return _resource_of(ds, path, tag, mime)
+    return _resource_of(ds, path, tag, mime, known)
 
 
 def _resource_of(
-    ds: Dataset, path: str, tag: str, mime: str, name: str | None = None
+    ds: Dataset, path: str, tag: str, mime: str, known: Checksums, name: str | None = None
 ) -> dict[str, Any] | None:
     """A file of the dataset as an index.json resource (``None`` if absent),
-    named by its file name unless ``name`` says otherwise."""
+    named by its file name unless ``name`` says otherwise.
+
+    Its SHA-256 comes from ``known`` when that holds the file at its present
+    size (the export pass hashed it while writing it: at 10M statements,
+    hashing the exports again took 6 s); otherwise the file is read and hashed,
+    and ``known`` records it for the version manifest."""
     full = cv.dataset_path(ds.name, path)
     if not ds.store.exists(full):
         return None
-    digest = hashlib.sha256()
-    with ds.store.open_read(full) as fh:
-        while chunk := fh.read(8 * 1024 * 1024):
-            digest.update(chunk)
+    size = ds.store.size(full)
+    entry = known.get(path)
+    if entry is None or entry.get("size") != size or not entry.get("sha256"):
+        from lakehouse_assets.versions import sha256_of
+
+        entry = known[path] = {"path": path, "size": size, "sha256": sha256_of(ds, full)}
     resource = DataResource(
         name=name or path.rsplit("/", 1)[-1],
         url=f"{ds.settings.public_url.rstrip('/')}/{full}" if ds.settings.public_url else None,
-        checksum=digest.hexdigest(),
+        checksum=str(entry["sha256"]),
         timestamp=ds.core_tags.get(tag),
         mime_type=mime,
-        size=ds.store.size(full),
+        size=size,
     )
     return {**resource.model_dump(mode="json", exclude_none=True), "path": path}
 
@@ -585,8 +597,12 @@ def export_index(
     stats_path = cv.dataset_path(ds.name, cv.STATISTICS_JSON)
     stats = json.loads(ds.store.read_text(stats_path)) if ds.store.exists(stats_path) else None
     kinds = (STATEMENTS, ENTITIES, STATISTICS, *GRAPH_RESOURCES)
-    resources = [r for k in kinds if (r := _resource(ds, k))]
-    resources += _neo4j_resources(ds)
+    # what the pass just wrote, hashed as it was written; the rest is hashed once
+    known: Checksums = {
+        str(w["path"]): dict(w) for w in (written or {}).values() if "path" in w and "sha256" in w
+    }
+    resources = [r for k in kinds if (r := _resource(ds, k, known))]
+    resources += _neo4j_resources(ds, known)
     now = cv.utcnow()
     data = config.model_dump(mode="json", exclude_none=True, exclude={"resources"})
     data.update(
@@ -610,7 +626,7 @@ def export_index(
         statements_fresh=bool(statements_fresh),
         entities_fresh=bool(entities_fresh),
         metadata=metadata,
-        known_exports={w["path"]: w for w in (written or {}).values() if "path" in w},
+        known_exports=known,
     )
     if built is None:
         ds.core_tags.touch(cv.EXPORTS_INDEX)

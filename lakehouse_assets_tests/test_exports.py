@@ -384,3 +384,52 @@ def test_entities_with_no_common_schema_fail_the_export_by_name(
         ds.make()
     assert ds.store.read_bytes(cv.dataset_path(ds.name, cv.ENTITIES_JSON)) == before
     assert not is_fresh(ds, "entities")
+
+
+def test_index_takes_the_checksums_the_export_pass_computed(
+    spark,  # type: ignore[no-untyped-def]
+    local_lake: Lakehouse,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The export pass hashes each export while writing it; index.json and the
+    version manifest take those hashes, so statements.csv (the largest export)
+    is not read back at all. Run alone, the index reads each export once for both."""
+    from lakehouse_assets.exports import export_index
+    from lakehouse_assets.storage import LocalStore
+
+    reads: list[str] = []
+    real = LocalStore.open_read
+
+    def counting(self: LocalStore, path: str) -> Any:
+        reads.append(path)
+        return real(self, path)
+
+    monkeypatch.setattr(LocalStore, "open_read", counting)
+    ds = local_lake.create_dataset("hashed")
+    for e in sample_entities()[:6]:
+        ds.add_entity(e)
+    ds.make()
+    csv_path = cv.dataset_path(ds.name, cv.STATEMENTS_CSV)
+    assert csv_path not in reads
+    index = json.loads(ds.store.read_text(cv.dataset_path(ds.name, cv.INDEX)))
+    for resource in index["resources"]:
+        content = ds.store.read_bytes(cv.dataset_path(ds.name, resource["path"]))
+        assert resource["checksum"] == hashlib.sha256(content).hexdigest()
+
+    reads.clear()
+    ds.add_entity(sample_entities()[6])
+    ds.export(["statements"])  # a new statements.csv; the index runs on its own
+    reads.clear()
+    alone = export_index(ds)
+    assert reads.count(csv_path) == 1
+    index = json.loads(ds.store.read_text(cv.dataset_path(ds.name, cv.INDEX)))
+    by_path = {r["path"]: r for r in index["resources"]}
+    assert (
+        by_path[cv.STATEMENTS_CSV]["checksum"]
+        == hashlib.sha256(ds.store.read_bytes(csv_path)).hexdigest()
+    )
+    manifest = ds.version().manifest  # type: ignore[union-attr]
+    assert alone["version"]["sequence"] == 2
+    assert {e["path"]: e["sha256"] for e in manifest["exports"]}[cv.STATEMENTS_CSV] == (
+        by_path[cv.STATEMENTS_CSV]["checksum"]
+    )
