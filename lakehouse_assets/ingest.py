@@ -3,11 +3,11 @@
 FollowTheMoney's value cleaning is the expensive part of a bulk write (about
 two thirds of the time). Chunks of lines are validated and turned into
 journal rows by a pool of spawned worker processes while the main process
-inserts the previous chunk, so both cores work. For PostgreSQL the workers
-also encode their rows as ``COPY`` input, so the writer only sends bytes. Order is kept, a few chunks
-are in flight at a time (memory does not grow with the input), and
-the first bad line aborts the bulk: its transaction rolls back, nothing from
-that input is committed.
+inserts the previous chunk, so both cores work; for PostgreSQL the workers
+also encode their rows as ``COPY`` input, so the writer only sends bytes.
+Order is kept, a few chunks are in flight at a time (memory does not grow
+with the input), and the first bad line aborts the bulk: its transaction
+rolls back, nothing from that input is committed.
 """
 
 from __future__ import annotations
