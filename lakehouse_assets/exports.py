@@ -545,23 +545,18 @@ def _resource_of(
     """A file of the dataset as an index.json resource (``None`` if absent),
     named by its file name unless ``name`` says otherwise.
 
-    Its SHA-256 comes from ``known`` when that holds the file at its present
-    size (the export pass hashed it while writing it: at 10M statements,
-    hashing the exports again took 6 s); otherwise the file is read and hashed,
-    and ``known`` records it for the version manifest."""
+    Its SHA-256 comes from ``known`` (:func:`~lakehouse_assets.versions.known_sha256`):
+    at 10M statements, hashing the exports again took 6 s."""
     full = cv.dataset_path(ds.name, path)
     if not ds.store.exists(full):
         return None
-    size = ds.store.size(full)
-    entry = known.get(path)
-    if entry is None or entry.get("size") != size or not entry.get("sha256"):
-        from lakehouse_assets.versions import sha256_of
+    from lakehouse_assets.versions import known_sha256
 
-        entry = known[path] = {"path": path, "size": size, "sha256": sha256_of(ds, full)}
+    size = ds.store.size(full)
     resource = DataResource(
         name=name or path.rsplit("/", 1)[-1],
         url=f"{ds.settings.public_url.rstrip('/')}/{full}" if ds.settings.public_url else None,
-        checksum=str(entry["sha256"]),
+        checksum=known_sha256(ds, path, size, known),
         timestamp=ds.core_tags.get(tag),
         mime_type=mime,
         size=size,

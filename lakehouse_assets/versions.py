@@ -48,7 +48,7 @@ import hashlib
 import json
 import logging
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -131,6 +131,20 @@ def sha256_of(ds: Dataset, path: str) -> str:
         while chunk := fh.read(8 * 1024 * 1024):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def known_sha256(ds: Dataset, rel: str, size: int, known: MutableMapping[str, Any] | None) -> str:
+    """SHA-256 of the dataset's file ``rel`` (now ``size`` bytes): from ``known``
+    (by path: what the export pass computed while writing the file) when it
+    holds the file at that size, otherwise read and hashed once, and recorded
+    in ``known`` for the next caller (index.json, then the version manifest)."""
+    entry = (known or {}).get(rel)
+    if entry is not None and entry.get("size") == size and entry.get("sha256"):
+        return str(entry["sha256"])
+    sha = sha256_of(ds, cv.dataset_path(ds.name, rel))
+    if known is not None:
+        known[rel] = {"path": rel, "size": size, "sha256": sha}
+    return sha
 
 
 def logical_hash(ds: Dataset, snapshot: DatasetSnapshot) -> tuple[str, int]:
@@ -523,7 +537,7 @@ def _count_live_ids(log_data: Any) -> int:
 
 
 def _export_entries(
-    ds: Dataset, known: Mapping[str, Mapping[str, Any]] | None = None
+    ds: Dataset, known: MutableMapping[str, Any] | None = None
 ) -> list[dict[str, Any]]:
     """The exports with size and SHA-256; ``known`` holds what the export pass that
     just wrote a file computed while writing it (by path), so it is not read again."""
@@ -536,12 +550,7 @@ def _export_entries(
         if ds.store.exists(full):
             stamp = ds.core_tags.get(EXPORTS[kind][1])
             size = ds.store.size(full)
-            written = (known or {}).get(rel)
-            sha = (
-                str(written["sha256"])
-                if written is not None and written.get("size") == size and written.get("sha256")
-                else sha256_of(ds, full)
-            )
+            sha = known_sha256(ds, rel, size, known)
             entries.append(
                 {
                     "kind": kind,
@@ -583,7 +592,7 @@ def build_manifest(
     statements_fresh: bool,
     metadata: Mapping[str, Any] | None = None,
     created_at: datetime | None = None,
-    known_exports: Mapping[str, Mapping[str, Any]] | None = None,
+    known_exports: MutableMapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The manifest of ``snapshot`` as the next version after ``parent``."""
     created = created_at or cv.utcnow()
@@ -703,7 +712,7 @@ def publish(
     statements_fresh: bool,
     entities_fresh: bool = False,
     metadata: Mapping[str, Any] | None = None,
-    known_exports: Mapping[str, Mapping[str, Any]] | None = None,
+    known_exports: MutableMapping[str, Any] | None = None,
 ) -> PublishResult:
     """Write the manifest of a new version, link it, tag the Delta history, write its diff.
 
