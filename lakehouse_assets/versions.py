@@ -184,6 +184,7 @@ def render_export(ds: Dataset, snapshot: DatasetSnapshot, kind: str, out: IO[byt
         statement_csv_buffers,
         to_statements,
     )
+    from lakehouse_assets.spark.ftm_sql import stats_json
 
     if kind == "statements":
         count = 0
@@ -203,7 +204,7 @@ def render_export(ds: Dataset, snapshot: DatasetSnapshot, kind: str, out: IO[byt
         return count
     if kind == "statistics":
         stats = Collector().collect_many(e for e in entities)  # type: ignore[no-untyped-call]
-        out.write(stats.model_dump_json(indent=2).encode())
+        out.write(stats_json(stats).encode())
         return int(stats.entity_count or 0)
     raise ValueError(f"Unknown export {kind!r}; choose from statements, entities, statistics")
 

@@ -275,6 +275,45 @@ def test_sql_rendering_is_followthemoneys_csv_writer(spark, local_lake: Lakehous
     assert sum(n for _, n in statement_csv_buffers(ds, ds.snapshot())) == len(seen)
 
 
+def test_statistics_json_is_the_same_bytes_under_every_hash_seed() -> None:
+    """ftmq keeps a dataset's countries as a set; written in the set's order, the
+    file changed with each process's string hash seed. It is ftmq's JSON with
+    the countries sorted."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "from followthemoney import model\n"
+        "from ftmq.model.stats import Collector\n"
+        "from lakehouse_assets.spark.ftm_sql import stats_json\n"
+        "from lakehouse_assets_tests.conftest import sample_entities\n"
+        "stats = Collector().collect_many(model.get_proxy(e) for e in sample_entities())\n"
+        "print(stats.model_dump_json(indent=2))\n"
+        "print('---')\n"
+        "print(stats_json(stats))\n"
+    )
+    outputs = []
+    for seed in ("0", "1", "2", "3"):
+        done = subprocess.run(
+            [sys.executable, "-c", probe],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )
+        ftmq_json, ours = done.stdout.split("\n---\n")
+        assert json.loads(ours) == {
+            **json.loads(ftmq_json),
+            "countries": sorted(json.loads(ftmq_json)["countries"]),
+        }
+        outputs.append((ftmq_json, ours))
+    assert len({ours for _, ours in outputs}) == 1
+    assert len(json.loads(outputs[0][1])["countries"]) > 1
+    assert len({ftmq_json for ftmq_json, _ in outputs}) > 1  # what this is about
+
+
 def test_sql_entities_and_statistics_on_awkward_entities(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
     """The Spark SQL aggregation (``spark.ftm_sql``) against followthemoney and ftmq
     where their rules branch: schemata merged across origins, captions picked

@@ -339,5 +339,14 @@ def statistics(entities: DataFrame) -> tuple[DatasetStats, int]:
 
 
 def stats_json(stats: DatasetStats) -> str:
-    """statistics.json as ftmq writes a ``DatasetStats``."""
-    return stats.model_dump_json(indent=2)
+    """statistics.json as ftmq writes a ``DatasetStats``, its ``countries`` sorted.
+
+    ftmq keeps the countries as a set, which pydantic writes in the set's
+    order: that depends on the process's string hash seed, so the same
+    snapshot gave a different file (and checksum) in every process."""
+    import json
+
+    data = stats.model_dump(mode="json")
+    data["countries"] = sorted(data["countries"])
+    # pydantic's JSON with indent=2 and UTF-8 text, as model_dump_json writes it
+    return json.dumps(data, indent=2, ensure_ascii=False)
