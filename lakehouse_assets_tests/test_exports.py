@@ -22,7 +22,7 @@ from lakehouse_assets.exports import is_fresh
 from lakehouse_assets.journal import COLUMNS, row_statement
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.query import ftm_dataset
-from lakehouse_assets_tests.conftest import SHARED_DATA, sample_entities
+from lakehouse_assets_tests.conftest import SHARED_DATA, lakehouse_env, sample_entities
 
 #: the data-plane group: ``make test`` runs it with Spark Connect and in process
 pytestmark = pytest.mark.spark_modes
@@ -275,6 +275,46 @@ def test_sql_rendering_is_followthemoneys_csv_writer(spark, local_lake: Lakehous
     assert sum(n for _, n in statement_csv_buffers(ds, ds.snapshot())) == len(seen)
 
 
+def test_statistics_in_a_fresh_process_import_ftmq_while_spark_aggregates(
+    spark, local_lake: Lakehouse
+) -> None:  # type: ignore[no-untyped-def]
+    """A fresh process (a CLI command, a Dagster step) has not imported ftmq when
+    the statistics aggregation starts: the import runs on a thread while Spark
+    aggregates (``preload``), and the main thread's import then waits for it.
+    The statistics come out as those of a process that had ftmq already."""
+    import subprocess
+    import sys
+
+    ds = local_lake.create_dataset("preloading")
+    for entity in sample_entities():
+        ds.add_entity(entity, origin="crawl")
+    ds.make()
+    path = cv.dataset_path(ds.name, cv.STATISTICS_JSON)
+    want = ds.store.read_bytes(path)
+    ds.store.delete(path)
+    probe = (
+        "import sys\n"
+        "import lakehouse_assets.preload as preload\n"
+        "from lakehouse_assets.lake import Lakehouse\n"
+        "calls = []\n"
+        "real = preload.preload\n"
+        "preload.preload = lambda name: (calls.append(name), real(name))[1]\n"
+        "before = 'ftmq' in sys.modules\n"
+        f"Lakehouse().dataset({ds.name!r}).export(['statistics'], force=True)\n"
+        "print(before, ','.join(calls))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=lakehouse_env(local_lake),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "ftmq.model.stats"]
+    assert ds.store.read_bytes(path) == want  # the same bytes in another process
+
+
 def test_statistics_json_is_the_same_bytes_under_every_hash_seed() -> None:
     """ftmq keeps a dataset's countries as a set; written in the set's order, the
     file changed with each process's string hash seed. It is ftmq's JSON with
@@ -312,6 +352,28 @@ def test_statistics_json_is_the_same_bytes_under_every_hash_seed() -> None:
     assert len({ours for _, ours in outputs}) == 1
     assert len(json.loads(outputs[0][1])["countries"]) > 1
     assert len({ftmq_json for ftmq_json, _ in outputs}) > 1  # what this is about
+
+
+def test_preloading_a_module_that_fails_leaves_the_error_to_the_importer() -> None:
+    """Both threads importing ftmq at once get one finished module; a module that
+    cannot be imported only ends the thread (the caller's import raises)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "from lakehouse_assets.preload import preload\n"
+        "preload('ftmq.model.stats')\n"
+        "from ftmq.model.stats import Collector\n"  # at once, on the main thread
+        "print(Collector().export().entity_count)\n"
+        "missing = preload('lakehouse_assets_no_such_module')\n"
+        "missing.join(30)\n"
+        "print(missing.is_alive())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.split() == ["0", "False"]
+    assert done.stderr == ""
 
 
 def test_sql_entities_and_statistics_on_awkward_entities(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
