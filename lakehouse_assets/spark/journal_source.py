@@ -84,13 +84,20 @@ class JournalReader(DataSourceReader):
         del events
         staged = stage_table(reduced, self.staging, self.storage, "reduced")
         rows = reduced.num_rows
+        deleted = rows - reduced.column("deleted_at").null_count
         del reduced
         # Spark keeps this worker for the next task, and Arrow's allocator (and
         # C's, under DuckDB's result) would keep the task's peak: hundreds of MB
         # held while the JVM does the rest of the flush
         release_memory()
         yield pa.RecordBatch.from_pydict(
-            {"uri": [staged.uri], "path": [staged.path], "size": [staged.size], "rows": [rows]}
+            {
+                "uri": [staged.uri],
+                "path": [staged.path],
+                "size": [staged.size],
+                "rows": [rows],
+                "deleted": [deleted],
+            }
         )
 
 
@@ -109,7 +116,7 @@ def release_memory() -> None:
 
 class JournalSource(DataSource):
     """``spark.read.format("lakehouse_journal")``: stage the reduced claimed rows of a
-    batch; one row (uri, path, size, rows) per staged file."""
+    batch; one row (uri, path, size, rows, deleted) per staged file."""
 
     @classmethod
     def name(cls) -> str:
@@ -151,8 +158,8 @@ def reachable(journal_url: str, spark_remote: str | None) -> bool:
     return local or not journal_url.startswith("sqlite")
 
 
-#: What the source answers: one row per staged file.
-STAGED_SCHEMA = "uri string, path string, size long, rows long"
+#: What the source answers: one row per staged file (``deleted``: its tombstones).
+STAGED_SCHEMA = "uri string, path string, size long, rows long, deleted long"
 
 
 def journal_frame(
@@ -164,9 +171,10 @@ def journal_frame(
     *,
     staging_uri: str,
     storage_options: dict[str, str],
-) -> tuple[DataFrame, int]:
+) -> tuple[DataFrame, int, int]:
     """The reduced claimed rows of ``buckets`` (bucket, rows) as a DataFrame over
-    Parquet files staged by Spark's tasks, and how many rows they hold."""
+    Parquet files staged by Spark's tasks, how many rows they hold, and how
+    many of those are tombstones."""
     from dataclasses import asdict
 
     from lakehouse_assets.reduce import REDUCED_SCHEMA
@@ -189,4 +197,4 @@ def journal_frame(
     )
     files = [DataFile(r["uri"], r["path"], int(r["size"]), {}, None, None) for r in staged]
     frame = read_snapshot(spark, files, REDUCED_SCHEMA, storage_options)
-    return frame, sum(int(r["rows"]) for r in staged)
+    return frame, sum(int(r["rows"]) for r in staged), sum(int(r["deleted"]) for r in staged)
