@@ -1349,6 +1349,8 @@ def _server_line(info: Any) -> str:
         return f"Spark Connect server on port {info.port}: not running" + (
             f" ({info.note})" if info.note else ""
         )
+    if info.stale_code:
+        return f"Spark Connect server running at {info.url} (pid {info.pid}), but {info.note}"
     return (
         f"Spark Connect server running at {info.url} (pid {info.pid}, log {info.log}); "
         f"use it: export LAKEHOUSE_SPARK_REMOTE={info.url}"

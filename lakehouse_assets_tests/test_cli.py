@@ -568,3 +568,75 @@ def test_commands_that_touch_no_entity_import_no_followthemoney(tmp_path: Path) 
     assert not imported("--help")
     entities = SAMPLE / "entities.ftm.json"
     assert imported(f"{common}|-d|quiet|entities|write|-i|{entities}")
+
+
+def test_a_spark_server_started_with_other_code_is_refused(tmp_path: Path) -> None:
+    """A Connect server's Python workers import this package once and are reused:
+    after an upgrade (or an edit) a running server would run the old code in its
+    tasks beside the clients' new code. Its PID file records the code it was
+    started with; status says so, start refuses to pass it off as running, and
+    a client refuses to use it, each naming the restart."""
+    import os
+    import socket
+
+    from lakehouse_assets.locks import process_start
+    from lakehouse_assets.settings import Settings
+    from lakehouse_assets.spark import connect
+
+    cache = tmp_path / "cache"
+    settings = Settings(cache_dir=str(cache))
+    exe = str(Path(sys.executable).parent / "lakehouse")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE_")}
+    env["LAKEHOUSE_CACHE_DIR"] = str(cache)
+    with socket.socket() as listener, subprocess.Popen(["sleep", "120"]) as holder:
+        # the "server": a live process of ours and a port that accepts connections
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = int(listener.getsockname()[1])
+        record = connect.server_dir(settings, port) / "server.json"
+        record.parent.mkdir(parents=True)
+
+        def started_with(code: str | None) -> None:
+            data = {"pid": holder.pid, "pid_start": process_start(holder.pid), "port": port}
+            record.write_text(json.dumps(data if code is None else {**data, "code": code}))
+
+        def lakehouse(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [exe, *args], capture_output=True, text=True, env=env, timeout=120
+            )
+
+        try:
+            started_with(connect.code_fingerprint())
+            info = connect.status(settings, port)
+            assert info.running and not info.stale_code and info.note is None
+            connect.require_current_code(settings, "127.0.0.1", port)  # no error
+
+            for code in ("0123456789abcdef", None):  # other code; a server from before the record
+                started_with(code)
+                assert connect.status(settings, port).stale_code
+                shown = lakehouse("spark", "status", "--port", str(port))
+                assert shown.returncode == 0, shown.stderr
+                assert "started with other lakehouse_assets code" in shown.stdout
+                assert f"lakehouse spark stop --port {port}" in shown.stdout
+                started = lakehouse("spark", "start", "--port", str(port))
+                assert started.returncode == 1 and "Restart it" in started.stderr
+                client = subprocess.run(
+                    [
+                        sys.executable,
+                        "-c",
+                        "from lakehouse_assets.settings import Settings\n"
+                        "from lakehouse_assets.spark.session import get_spark\n"
+                        f"get_spark(Settings(spark_remote='sc://127.0.0.1:{port}'))\n",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    timeout=120,
+                )
+                assert client.returncode == 1
+                assert "ConfigurationError" in client.stderr and "Restart it" in client.stderr
+                # a server elsewhere has no record here: taken as it is
+                connect.require_current_code(settings, "spark.example.org", port)
+            assert holder.poll() is None  # nothing stopped the "server"
+        finally:
+            holder.kill()

@@ -13,12 +13,18 @@ under ``{LAKEHOUSE_CACHE_DIR}/spark-connect/{port}/``; start waits until the
 server answers a query; stop sends SIGTERM to the recorded PID (SIGKILL after
 a grace period); a PID file whose process is gone is recovered on the next
 start or status. The server's Python workers run this interpreter, so they
-import this package and its dependencies exactly as installed here.
+import this package and its dependencies exactly as installed here, once:
+Spark reuses a worker for the next task. A server started before the package
+was upgraded (or a development checkout edited) would run the old code in
+its tasks beside the new code of its clients, so the PID file records the
+code's fingerprint and clients, ``start`` and ``status`` compare it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import logging
 import os
@@ -68,6 +74,26 @@ def log4j_config(settings: Settings) -> Path:
     return path
 
 
+@functools.cache
+def code_fingerprint() -> str:
+    """The lakehouse_assets code this process runs: its version and each module
+    file's size and modification time (an upgrade or an edit changes it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import lakehouse_assets
+
+    try:
+        release = version("lakehouse_assets")
+    except PackageNotFoundError:  # run from a source tree
+        release = "unknown"
+    root = Path(lakehouse_assets.__file__).parent
+    digest = hashlib.sha256(release.encode())
+    for path in sorted(root.rglob("*.py")):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
 @dataclass
 class ServerInfo:
     """What ``lakehouse spark status`` shows."""
@@ -79,6 +105,8 @@ class ServerInfo:
     log: str | None = None
     started_at: float | None = None
     note: str | None = None
+    #: Started with other lakehouse_assets code than this process's (see module doc).
+    stale_code: bool = False
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -128,6 +156,7 @@ def status(settings: Settings, port: int | None = None) -> ServerInfo:
         return ServerInfo(
             False, port, note=f"removed the stale PID file of pid {record.get('pid')}"
         )
+    stale = record.get("code") != code_fingerprint()
     return ServerInfo(
         True,
         port,
@@ -135,7 +164,30 @@ def status(settings: Settings, port: int | None = None) -> ServerInfo:
         url=f"sc://127.0.0.1:{port}",
         log=str(record.get("log")),
         started_at=float(record.get("started_at") or 0),  # type: ignore[arg-type]
+        note=stale_code_message(port) if stale else None,
+        stale_code=stale,
     )
+
+
+def stale_code_message(port: int) -> str:
+    return (
+        f"the Spark Connect server at sc://127.0.0.1:{port} was started with other "
+        "lakehouse_assets code than this process runs (upgraded or edited since): its "
+        "Python workers would run the old code beside the new. Restart it: "
+        f"lakehouse spark stop --port {port} && lakehouse spark start --port {port}"
+    )
+
+
+def require_current_code(settings: Settings, host: str, port: int) -> None:
+    """Refuse a local server this lake's settings started with other code.
+
+    A server on another machine, or one started with another cache folder,
+    has no record here and is taken as it is."""
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        return
+    info = status(settings, port)
+    if info.running and info.stale_code:
+        raise ConfigurationError(stale_code_message(port))
 
 
 def start(settings: Settings, port: int | None = None, *, timeout: float = 180.0) -> ServerInfo:
@@ -143,6 +195,8 @@ def start(settings: Settings, port: int | None = None, *, timeout: float = 180.0
     port = port or settings.spark_connect_port
     current = status(settings, port)
     if current.running:
+        if current.stale_code:
+            raise ConfigurationError(stale_code_message(port))
         return current
     if answers("127.0.0.1", port):
         raise ConfigurationError(
@@ -213,6 +267,7 @@ def start(settings: Settings, port: int | None = None, *, timeout: float = 180.0
         "port": port,
         "log": str(log_path),
         "started_at": time.time(),
+        "code": code_fingerprint(),
     }
     tmp = _pid_file(settings, port).with_suffix(".tmp")
     tmp.write_text(json.dumps(record))

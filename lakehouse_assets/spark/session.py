@@ -140,7 +140,7 @@ def _connect(settings: Settings) -> SparkSession:
 
     from pyspark.sql import SparkSession
 
-    from lakehouse_assets.spark.connect import answers
+    from lakehouse_assets.spark.connect import answers, require_current_code
 
     url = str(settings.spark_remote)
     parsed = urlparse(url.replace("sc://", "http://", 1))
@@ -155,6 +155,7 @@ def _connect(settings: Settings) -> SparkSession:
         raise ConfigurationError(
             f"no Spark Connect server answers at {url} (LAKEHOUSE_SPARK_REMOTE): {hint}"
         )
+    require_current_code(settings, host, port)
     session = SparkSession.builder.remote(shared_session_url(url)).getOrCreate()
     # other lakehouse processes use the same server-side session: leaving must not end it
     session.release_session_on_close = False  # type: ignore[attr-defined]
