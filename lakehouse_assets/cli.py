@@ -1350,7 +1350,7 @@ def _server_line(info: Any) -> str:
             f" ({info.note})" if info.note else ""
         )
     if info.stale_code:
-        return f"Spark Connect server running at {info.url} (pid {info.pid}), but {info.note}"
+        return f"Spark Connect server running at {info.url} (pid {info.pid}), {info.note}"
     return (
         f"Spark Connect server running at {info.url} (pid {info.pid}, log {info.log}); "
         f"use it: export LAKEHOUSE_SPARK_REMOTE={info.url}"

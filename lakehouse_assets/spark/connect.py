@@ -164,18 +164,21 @@ def status(settings: Settings, port: int | None = None) -> ServerInfo:
         url=f"sc://127.0.0.1:{port}",
         log=str(record.get("log")),
         started_at=float(record.get("started_at") or 0),  # type: ignore[arg-type]
-        note=stale_code_message(port) if stale else None,
+        note=STALE_CODE.format(port=port) if stale else None,
         stale_code=stale,
     )
 
 
+#: What a server started with other code is told (``status``'s note).
+STALE_CODE = (
+    "started with other lakehouse_assets code than this process runs (upgraded or "
+    "edited since): its Python workers would run the old code beside the new. Restart "
+    "it: lakehouse spark stop --port {port} && lakehouse spark start --port {port}"
+)
+
+
 def stale_code_message(port: int) -> str:
-    return (
-        f"the Spark Connect server at sc://127.0.0.1:{port} was started with other "
-        "lakehouse_assets code than this process runs (upgraded or edited since): its "
-        "Python workers would run the old code beside the new. Restart it: "
-        f"lakehouse spark stop --port {port} && lakehouse spark start --port {port}"
-    )
+    return f"the Spark Connect server at sc://127.0.0.1:{port} was " + STALE_CODE.format(port=port)
 
 
 def require_current_code(settings: Settings, host: str, port: int) -> None:
