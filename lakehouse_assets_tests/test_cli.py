@@ -640,3 +640,54 @@ def test_a_spark_server_started_with_other_code_is_refused(tmp_path: Path) -> No
             assert holder.poll() is None  # nothing stopped the "server"
         finally:
             holder.kill()
+
+
+def test_the_cli_exits_without_teardown_but_runs_exit_handlers_and_flushes(
+    tmp_path: Path,
+) -> None:
+    """``lakehouse`` ends with ``os._exit`` after a command (the interpreter's
+    teardown cost about 0.45 s of each warm command): the exit code, every line
+    of a large output to a pipe and the exit handlers must survive that; while
+    a non-daemon thread runs, the process exits the usual way, after it."""
+    marker = tmp_path / "handler-ran"
+    probe = (
+        "import atexit, sys, threading, time\n"
+        "from pathlib import Path\n"
+        "from lakehouse_assets.cli import exit_without_teardown\n"
+        f"atexit.register(lambda: Path({str(marker)!r}).write_text('yes'))\n"
+        "for i in range(200_000):\n"
+        "    print(f'line {i}')\n"
+        "if sys.argv[1] == 'thread':\n"
+        "    threading.Thread(target=lambda: (time.sleep(0.5), print('thread done'))).start()\n"
+        "exit_without_teardown(int(sys.argv[2]))\n"
+        "print('returned')\n"
+        "sys.exit(int(sys.argv[2]))\n"
+    )
+    import os
+
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    for mode, code in (("plain", 0), ("plain", 3), ("thread", 0)):
+        marker.unlink(missing_ok=True)
+        done = subprocess.run(
+            [sys.executable, "-c", probe, mode, str(code)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=buffered,  # a pipe's block buffer, as a user's shell gives
+        )
+        assert done.returncode == code, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[:200_000] == [f"line {i}" for i in range(200_000)]
+        assert lines[200_000:] == ([] if mode == "plain" else ["returned", "thread done"])
+        assert marker.read_text() == "yes"
+    # the real command: output and exit codes as before
+    exe = str(Path(sys.executable).parent / "lakehouse")
+    lake = tmp_path / "lake"
+    made = subprocess.run([exe, "--lake", str(lake), "datasets", "create", "one"], timeout=120)
+    assert made.returncode == 0
+    listed = subprocess.run(
+        [exe, "--lake", str(lake), "datasets", "list"], capture_output=True, text=True, timeout=120
+    )
+    assert (listed.returncode, listed.stdout.split()) == (0, ["one"])
+    bad = subprocess.run([exe, "--nope"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no such option" in bad.stderr.lower()
