@@ -1737,8 +1737,8 @@ def exit_without_teardown(code: object) -> None:
     import os
     import threading
 
-    main = threading.main_thread()
-    if any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate()):
+    first = threading.main_thread()
+    if any(t is not first and not t.daemon and t.is_alive() for t in threading.enumerate()):
         return
     if code is None:
         status = 0
