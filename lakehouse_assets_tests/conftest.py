@@ -143,6 +143,25 @@ def lake(request: pytest.FixtureRequest, tmp_path: Path) -> Lakehouse:
     return Lakehouse(f"s3://{bucket}/lake", settings=settings, journal_url=journal)
 
 
+def run_python(
+    code: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (what a CLI command or a Dagster step
+    starts from: nothing imported yet), its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=check,
+        timeout=timeout,
+    )
+
+
 def lakehouse_env(lake: Lakehouse, **extra: str) -> dict[str, str]:
     """The environment a child process needs to open this lake (local or S3)."""
     env = {**os.environ, **extra}

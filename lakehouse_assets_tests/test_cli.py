@@ -17,7 +17,7 @@ from lakehouse_assets import Lakehouse
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.cli import cli
 from lakehouse_assets.entities import STATEMENT_COLUMNS
-from lakehouse_assets_tests.conftest import REPO, free_port, sample_entities
+from lakehouse_assets_tests.conftest import REPO, free_port, run_python, sample_entities
 
 SAMPLE = REPO / "lakehouse_assets" / "sample"
 
@@ -555,13 +555,7 @@ def test_commands_that_touch_no_entity_import_no_followthemoney(tmp_path: Path) 
     quiet = [f"{common}|-d|quiet|{command}" for command in ("flush", "archive|ls")]
 
     def imported(*commands: str) -> bool:
-        done = subprocess.run(
-            [sys.executable, "-c", probe, *commands],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        )
+        done = run_python(probe, *commands)
         return done.stdout.strip().splitlines()[-1] == "imported: True"
 
     assert not imported(*quiet)
@@ -668,13 +662,8 @@ def test_the_cli_exits_without_teardown_but_runs_exit_handlers_and_flushes(
     buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     for mode, code in (("plain", 0), ("plain", 3), ("thread", 0)):
         marker.unlink(missing_ok=True)
-        done = subprocess.run(
-            [sys.executable, "-c", probe, mode, str(code)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=buffered,  # a pipe's block buffer, as a user's shell gives
-        )
+        # a pipe's block buffer, as a user's shell gives
+        done = run_python(probe, mode, str(code), env=buffered, check=False)
         assert done.returncode == code, done.stderr
         lines = done.stdout.splitlines()
         assert lines[:200_000] == [f"line {i}" for i in range(200_000)]

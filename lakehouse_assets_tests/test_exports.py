@@ -22,7 +22,12 @@ from lakehouse_assets.exports import is_fresh
 from lakehouse_assets.journal import COLUMNS, row_statement
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.query import ftm_dataset
-from lakehouse_assets_tests.conftest import SHARED_DATA, lakehouse_env, sample_entities
+from lakehouse_assets_tests.conftest import (
+    SHARED_DATA,
+    lakehouse_env,
+    run_python,
+    sample_entities,
+)
 
 #: the data-plane group: ``make test`` runs it with Spark Connect and in process
 pytestmark = pytest.mark.spark_modes
@@ -282,9 +287,6 @@ def test_statistics_in_a_fresh_process_import_ftmq_while_spark_aggregates(
     the statistics aggregation starts: the import runs on a thread while Spark
     aggregates (``preload``), and the main thread's import then waits for it.
     The statistics come out as those of a process that had ftmq already."""
-    import subprocess
-    import sys
-
     ds = local_lake.create_dataset("preloading")
     for entity in sample_entities():
         ds.add_entity(entity, origin="crawl")
@@ -303,13 +305,7 @@ def test_statistics_in_a_fresh_process_import_ftmq_while_spark_aggregates(
         f"Lakehouse().dataset({ds.name!r}).export(['statistics'], force=True)\n"
         "print(before, ','.join(calls))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        env=lakehouse_env(local_lake),
-        timeout=300,
-    )
+    done = run_python(probe, env=lakehouse_env(local_lake), check=False, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "ftmq.model.stats"]
     assert ds.store.read_bytes(path) == want  # the same bytes in another process
@@ -320,8 +316,6 @@ def test_statistics_json_is_the_same_bytes_under_every_hash_seed() -> None:
     file changed with each process's string hash seed. It is ftmq's JSON with
     the countries sorted."""
     import os
-    import subprocess
-    import sys
 
     probe = (
         "from followthemoney import model\n"
@@ -335,14 +329,7 @@ def test_statistics_json_is_the_same_bytes_under_every_hash_seed() -> None:
     )
     outputs = []
     for seed in ("0", "1", "2", "3"):
-        done = subprocess.run(
-            [sys.executable, "-c", probe],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=120,
-            env={**os.environ, "PYTHONHASHSEED": seed},
-        )
+        done = run_python(probe, env={**os.environ, "PYTHONHASHSEED": seed})
         ftmq_json, ours = done.stdout.split("\n---\n")
         assert json.loads(ours) == {
             **json.loads(ftmq_json),
@@ -357,9 +344,6 @@ def test_statistics_json_is_the_same_bytes_under_every_hash_seed() -> None:
 def test_preloading_a_module_that_fails_leaves_the_error_to_the_importer() -> None:
     """Both threads importing ftmq at once get one finished module; a module that
     cannot be imported only ends the thread (the caller's import raises)."""
-    import subprocess
-    import sys
-
     probe = (
         "from lakehouse_assets.preload import preload\n"
         "preload('ftmq.model.stats')\n"
@@ -368,11 +352,13 @@ def test_preloading_a_module_that_fails_leaves_the_error_to_the_importer() -> No
         "missing = preload('lakehouse_assets_no_such_module')\n"
         "missing.join(30)\n"
         "print(missing.is_alive())\n"
+        "try:\n"
+        "    import lakehouse_assets_no_such_module\n"
+        "except ModuleNotFoundError:\n"
+        "    print('raised')\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
-    )
-    assert done.stdout.split() == ["0", "False"]
+    done = run_python(probe)
+    assert done.stdout.split() == ["0", "False", "raised"]
     assert done.stderr == ""
 
 

@@ -20,7 +20,7 @@ from lakehouse_assets.tables import (
     Snapshot,
     read_files,
 )
-from lakehouse_assets_tests.conftest import sample_entities
+from lakehouse_assets_tests.conftest import run_python, sample_entities
 
 #: the data-plane group: ``make test`` runs it with Spark Connect and in process
 pytestmark = pytest.mark.spark_modes
@@ -337,8 +337,6 @@ def test_a_flush_tasks_worker_imports_no_followthemoney() -> None:
     each imports what unpickling its task needs. The journal source's task
     (read, reduce, stage) must not pull in followthemoney or the public
     package surface: at 10M that was 150 MB more per worker, 12 workers."""
-    import subprocess
-    import sys
 
     probe = (
         "import sys\n"
@@ -352,9 +350,7 @@ def test_a_flush_tasks_worker_imports_no_followthemoney() -> None:
         "               or m in ('lakehouse_assets.flush', 'lakehouse_assets.lake'))\n"
         "print(','.join(heavy))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
-    )
+    done = run_python(probe)
     assert done.stdout.strip() == ""
     # and the public names still load on first use
     import lakehouse_assets
