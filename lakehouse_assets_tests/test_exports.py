@@ -33,6 +33,7 @@ from lakehouse_assets_tests.conftest import (
 pytestmark = pytest.mark.spark_modes
 
 SORT = ("canonical_id", "prop", "value", "origin", "id")
+EXPORT_FILES = (cv.STATEMENTS_CSV, cv.ENTITIES_JSON, cv.STATISTICS_JSON)
 
 
 def input_entities() -> list[dict[str, Any]]:
@@ -362,14 +363,10 @@ def test_preloading_a_module_that_fails_leaves_the_error_to_the_importer() -> No
     assert done.stderr == ""
 
 
-def test_sql_entities_and_statistics_on_awkward_entities(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
-    """The Spark SQL aggregation (``spark.ftm_sql``) against followthemoney and ftmq
-    where their rules branch: schemata merged across origins, captions picked
-    among several names in several languages (rigour's ``pick_lang_name``, the
-    one Python UDF), a single name, no caption property at all (the schema's
-    label), merged entities (referents), the ``id`` checksum statement
-    (``last_change``), countries and dates of Things and Intervals."""
-    ds = local_lake.create_dataset("awkward_entities")
+def add_awkward_entities(ds: Dataset) -> None:
+    """Entities where followthemoney's rules branch (see the test below): two
+    origins, one schema merged from two, a caption picked among several names
+    in several languages, merged entities, an ``id`` checksum statement."""
     with ds.bulk(origin="crawl") as bulk:
         bulk.add_entity(
             {
@@ -438,6 +435,17 @@ def test_sql_entities_and_statistics_on_awkward_entities(spark, local_lake: Lake
                 first_seen="2020-01-01T00:00:00",
             )
         )
+
+
+def test_sql_entities_and_statistics_on_awkward_entities(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+    """The Spark SQL aggregation (``spark.ftm_sql``) against followthemoney and ftmq
+    where their rules branch: schemata merged across origins, captions picked
+    among several names in several languages (rigour's ``pick_lang_name``, the
+    one Python UDF), a single name, no caption property at all (the schema's
+    label), merged entities (referents), the ``id`` checksum statement
+    (``last_change``), countries and dates of Things and Intervals."""
+    ds = local_lake.create_dataset("awkward_entities")
+    add_awkward_entities(ds)
     statements = acknowledged(ds)
     ds.make()
     got = [orjson.loads(line) for line in lines(ds, cv.ENTITIES_JSON)]
@@ -454,6 +462,86 @@ def test_sql_entities_and_statistics_on_awkward_entities(spark, local_lake: Lake
     expected = Collector().collect_many(expected_entities(ds.name, statements))  # type: ignore[no-untyped-call]
     assert normal_stats(stats) == normal_stats(json.loads(expected.model_dump_json()))
     assert (stats["start"], stats["end"]) == ("2001-02-03", "2019-05-01")
+
+
+def test_the_export_is_the_same_bytes_on_one_partition_and_on_several(
+    spark,  # type: ignore[no-untyped-def]
+    local_lake: Lakehouse,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A small dataset's pass runs in one partition without a shuffle; a large
+    one is range-partitioned by entity. Both give the same bytes, with copies of
+    a statement in two origins, merged entities and a caption pick among them."""
+    from lakehouse_assets import exports
+    from lakehouse_assets.spark import session
+
+    ds = local_lake.create_dataset("partitioned")
+    add_awkward_entities(ds)
+    for origin in ("crawl", "registry"):  # every statement in two origins
+        with ds.bulk(origin=origin) as bulk:
+            for e in input_entities()[:120]:
+                bulk.add_entity(e)
+    paths = [cv.dataset_path(ds.name, p) for p in EXPORT_FILES]
+    planned: list[int] = []
+    real = exports.partitions_for
+
+    def spy(*args: Any) -> int:
+        planned.append(real(*args))
+        return planned[-1]
+
+    monkeypatch.setattr(exports, "partitions_for", spy)
+    statements = acknowledged(ds)
+    ds.make()
+    one = [ds.store.read_bytes(p) for p in paths]
+    monkeypatch.setattr(session, "PARTITION_BYTES", 1024)
+    ds.make(force=True)
+    several = [ds.store.read_bytes(p) for p in paths]
+    assert planned[0] == 1 and planned[1] > 1, planned
+    assert several == one
+    want = [e.to_dict() for e in expected_entities(ds.name, statements)]
+    got = [orjson.loads(line) for line in one[1].splitlines()]
+    assert [normal(g) for g in got] == [normal(w) for w in want]
+
+
+def test_the_caption_udf_is_planned_only_when_an_entity_needs_a_pick(
+    spark,  # type: ignore[no-untyped-def]
+    local_lake: Lakehouse,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """rigour's pick among several names is the export's one Python UDF, and it
+    costs a Python worker for every row even when the row has nothing to pick.
+    It is left out of the plan when no entity has several names in its caption
+    property; the captions are followthemoney's either way."""
+    from lakehouse_assets.spark import ftm_sql
+
+    built: list[object] = []
+    real = ftm_sql._pick_name_udf
+
+    def spy() -> Any:
+        built.append(object())
+        return real()
+
+    monkeypatch.setattr(ftm_sql, "_pick_name_udf", spy)
+    ds = local_lake.create_dataset("picks")
+    ds.add_entity({"id": "a", "schema": "Person", "properties": {"name": ["Ann Smith"]}})
+    ds.add_entity({"id": "o", "schema": "Address", "properties": {"country": ["gb"]}})
+    statements = acknowledged(ds)
+    ds.make()
+    assert built == []
+    ds.add_entity(
+        {"id": "b", "schema": "Person", "properties": {"name": ["Bob Stone", "Robert Stone"]}}
+    )
+    name = Statement(
+        entity_id="b", prop="name", schema="Person", value="Боб Стоун", dataset=ds.name, lang="rus"
+    )
+    ds.add_statements([name])
+    statements += acknowledged(ds)
+    ds.make()
+    assert len(built) == 1
+    want = {e.id: e.caption for e in expected_entities(ds.name, statements)}
+    got = {e["id"]: e["caption"] for e in map(orjson.loads, lines(ds, cv.ENTITIES_JSON))}
+    assert got == want
+    assert got["a"] == "Ann Smith" and got["o"] == "Address"
 
 
 def test_entities_with_no_common_schema_fail_the_export_by_name(

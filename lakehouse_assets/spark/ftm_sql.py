@@ -19,7 +19,7 @@ results are Spark SQL expressions and aggregations over the live statements:
 One rule is not SQL: an entity with several statements of a name-typed
 caption property gets its caption from rigour's ``pick_lang_name``. That runs
 in a Python UDF, which receives the names of those entities only (a null
-for every other entity).
+for every other entity), and is left out of the plan when no entity needs it.
 
 The model's rules come in as literals built from ``followthemoney.model``
 (caption properties, labels, schema compatibility, Thing/Interval), so the
@@ -33,7 +33,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 from followthemoney.dataset import Dataset as FtmDataset
@@ -223,13 +223,37 @@ def entity_frame(statements: DataFrame) -> DataFrame:
     )
     entity = entity.withColumn("_cap", F.expr("try_element_at(_props, _caption_prop.prop)"))
     pick = F.col("_caption_prop.is_name") & (F.col("_cap.n") > 1)
-    picked = _pick_name_udf()(F.when(pick, F.col("_cap.names")))
-    caption = (
-        F.when(F.col("_caption_prop").isNull(), F.expr(f"try_element_at({lit['labels']}, schema)"))
-        .when(pick, F.coalesce(picked, F.col("_cap.first")))
-        .otherwise(F.col("_cap.first"))
+    # the caption SQL gives (the first value, or the schema's label), and the
+    # names rigour must pick among where it has a say (see :func:`with_caption`)
+    plain = F.when(
+        F.col("_caption_prop").isNull(), F.expr(f"try_element_at({lit['labels']}, schema)")
+    ).otherwise(F.col("_cap.first"))
+    return (
+        entity.withColumn("_caption", plain)
+        .withColumn("_pick_names", F.when(pick, F.col("_cap.names")))
+        .drop("_props", "_caption_prop", "_cap")
     )
-    return entity.withColumn("caption", caption).drop("_props", "_caption_prop", "_cap")
+
+
+def with_caption(entities: DataFrame, *, picks: int) -> DataFrame:
+    """The ``caption`` column of :func:`entity_frame`'s rows.
+
+    ``picks`` is how many of them need rigour's pick among several names
+    (:func:`statistics` counts them). With none, the plan has no Python UDF:
+    an Arrow UDF sends every row through a Python worker even when its input
+    is null, which was a third of a small dataset's export (kek: 0.35 of
+    1.3 s on a warm server) although no entity there needs a pick.
+    """
+    from pyspark.sql import functions as F
+
+    if not picks:
+        caption = F.col("_caption")
+    else:
+        picked = _pick_name_udf()(F.col("_pick_names"))
+        caption = F.when(
+            F.col("_pick_names").isNotNull(), F.coalesce(picked, F.col("_caption"))
+        ).otherwise(F.col("_caption"))
+    return entities.withColumn("caption", caption).drop("_caption", "_pick_names")
 
 
 def entity_json(dataset_undefined: str = FtmDataset.UNDEFINED) -> Column:
@@ -278,9 +302,20 @@ def _pick_name_udf() -> Any:
 # --- statistics.json -----------------------------------------------------------------
 
 
-def statistics(entities: DataFrame) -> tuple[DatasetStats, int]:
-    """ftmq's ``DatasetStats`` of the entities (and their statement count): one
-    aggregation by (schema, country), the sums made by ftmq's ``Collector``."""
+class Statistics(NamedTuple):
+    """What the one aggregation over :func:`entity_frame`'s rows gives."""
+
+    stats: DatasetStats
+    #: statements of the entities (the rows of statements.csv)
+    statements: int
+    #: entities whose caption rigour picks among several names (:func:`with_caption`)
+    picks: int
+
+
+def statistics(entities: DataFrame) -> Statistics:
+    """ftmq's ``DatasetStats`` of the entities, their statement count and how
+    many need a caption pick: one aggregation by (schema, country), the sums
+    made by ftmq's ``Collector``."""
     from pyspark.sql import functions as F
 
     from lakehouse_assets.preload import preload
@@ -296,6 +331,7 @@ def statistics(entities: DataFrame) -> tuple[DatasetStats, int]:
             "start",
             "end",
             "statements",
+            F.col("_pick_names").isNotNull().cast("long").alias("pick"),
             F.explode(
                 F.concat(F.array(F.lit(None).cast("string")), F.coalesce("countries", F.array()))
             ).alias("country"),
@@ -306,6 +342,7 @@ def statistics(entities: DataFrame) -> tuple[DatasetStats, int]:
             F.min("start").alias("start"),
             F.max("end").alias("end"),
             F.sum("statements").alias("statements"),
+            F.sum("pick").alias("picks"),
             F.expr(f"array_contains({lit['things']}, schema)").alias("thing"),
             F.expr(f"array_contains({lit['intervals']}, schema)").alias("interval"),
         )
@@ -318,12 +355,13 @@ def statistics(entities: DataFrame) -> tuple[DatasetStats, int]:
     intervals: Counter[str] = Counter()
     things_countries: Counter[str] = Counter()
     intervals_countries: Counter[str] = Counter()
-    statements = 0
+    statements = picks = 0
     # in a fixed order (ftmq lists them in the order it meets them)
     for row in sorted(rows, key=lambda r: (r["schema"], r["country"] or "")):
         if row["country"] is None:
             collector.entity_count += row["n"]
             statements += row["statements"] or 0
+            picks += row["picks"] or 0
             if row["thing"]:
                 things[row["schema"]] += row["n"]
             if row["interval"]:
@@ -342,7 +380,7 @@ def statistics(entities: DataFrame) -> tuple[DatasetStats, int]:
         things_countries,
         intervals_countries,
     )
-    return collector.export(), statements
+    return Statistics(collector.export(), statements, picks)
 
 
 def stats_json(stats: DatasetStats) -> str:
