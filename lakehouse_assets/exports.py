@@ -334,7 +334,7 @@ def _run_pass(
             entities = ftm_sql.entity_frame(ordered).persist()
             cached.append(entities)
             counted = ftm_sql.statistics(entities)
-            stats, rows = counted.stats, counted.statements
+            rows = counted.statements
             step("entities aggregated and counted (statistics)")
             if ENTITIES in kinds:
                 captioned = ftm_sql.with_caption(entities, picks=counted.picks)
@@ -351,13 +351,15 @@ def _run_pass(
         faults.point("export.after_parts")
         if ENTITIES in kinds:
             w = _assemble(ds, entity_parts, cv.ENTITIES_JSON, staging_rel)
-            out[ENTITIES] = {"rows": stats.entity_count, **_describe(w)}
+            out[ENTITIES] = {"rows": counted.entities, **_describe(w)}
         if STATEMENTS in kinds:
             header = csv_header()
             w = _assemble(ds, csv_parts, cv.STATEMENTS_CSV, staging_rel, header=header)
             out[STATEMENTS] = {"rows": rows, **_describe(w)}
         step("parts joined and hashed")
         if STATISTICS in kinds:
+            # after the writes: ftmq's import ran while Spark wrote them
+            stats = counted.dataset_stats()
             text = ftm_sql.stats_json(stats)
             path = cv.dataset_path(ds.name, cv.STATISTICS_JSON)
             ds.store.write_text(path, text)

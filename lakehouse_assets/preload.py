@@ -2,8 +2,9 @@
 
 A small dataset's export is bound by start-up, not by data: importing ftmq
 takes about half a second (pyrql builds its query grammar when ``ftmq`` is
-imported), and the export needs it only after its first Spark job, to turn
-the aggregation into ftmq's ``DatasetStats``. While that job runs, the main
+imported), and the export needs it only after its Spark jobs (the statistics
+and the line writes), to turn the aggregation into ftmq's ``DatasetStats``.
+While those jobs run, the main
 thread waits on a socket (Spark Connect's gRPC, or py4j in process) and holds
 no GIL, so the import costs nothing if it runs then.
 

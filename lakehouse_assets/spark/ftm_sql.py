@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from followthemoney.dataset import Dataset as FtmDataset
@@ -41,7 +42,7 @@ from followthemoney.statement.util import BASE_ID
 
 if TYPE_CHECKING:
     from ftmq.model.stats import DatasetStats
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import Column, DataFrame, Row
 
 
 def _sql_string(value: str) -> str:
@@ -302,25 +303,77 @@ def _pick_name_udf() -> Any:
 # --- statistics.json -----------------------------------------------------------------
 
 
-class Statistics(NamedTuple):
-    """What the one aggregation over :func:`entity_frame`'s rows gives."""
+@dataclass(frozen=True)
+class Statistics:
+    """The one aggregation over :func:`entity_frame`'s rows, by (schema, country).
 
-    stats: DatasetStats
-    #: statements of the entities (the rows of statements.csv)
-    statements: int
-    #: entities whose caption rigour picks among several names (:func:`with_caption`)
-    picks: int
+    Counts come straight from it; ftmq's ``DatasetStats`` is made on demand
+    (:meth:`dataset_stats`), so an export can start writing its lines while
+    ftmq is still being imported.
+    """
+
+    rows: tuple[Row, ...]
+
+    @property
+    def entities(self) -> int:
+        return sum(r["n"] for r in self.rows if r["country"] is None)
+
+    @property
+    def statements(self) -> int:
+        """Statements of the entities (the rows of statements.csv)."""
+        return sum(r["statements"] or 0 for r in self.rows if r["country"] is None)
+
+    @property
+    def picks(self) -> int:
+        """Entities whose caption rigour picks among several names (:func:`with_caption`)."""
+        return sum(r["picks"] or 0 for r in self.rows if r["country"] is None)
+
+    def dataset_stats(self) -> DatasetStats:
+        """ftmq's ``DatasetStats``: the sums made by ftmq's ``Collector``."""
+        from ftmq.model.stats import Collector
+
+        collector = Collector()  # type: ignore[no-untyped-call]
+        things: Counter[str] = Counter()
+        intervals: Counter[str] = Counter()
+        things_countries: Counter[str] = Counter()
+        intervals_countries: Counter[str] = Counter()
+        # in a fixed order (ftmq lists them in the order it meets them)
+        for row in sorted(self.rows, key=lambda r: (r["schema"], r["country"] or "")):
+            if row["country"] is None:
+                collector.entity_count += row["n"]
+                if row["thing"]:
+                    things[row["schema"]] += row["n"]
+                if row["interval"]:
+                    intervals[row["schema"]] += row["n"]
+                if row["start"] is not None:
+                    collector.start.add(row["start"])
+                if row["end"] is not None:
+                    collector.end.add(row["end"])
+            else:
+                if row["thing"]:
+                    things_countries[row["country"]] += row["n"]
+                if row["interval"]:
+                    intervals_countries[row["country"]] += row["n"]
+        collector.things, collector.intervals = things, intervals
+        collector.things_countries, collector.intervals_countries = (
+            things_countries,
+            intervals_countries,
+        )
+        return collector.export()
 
 
 def statistics(entities: DataFrame) -> Statistics:
-    """ftmq's ``DatasetStats`` of the entities, their statement count and how
-    many need a caption pick: one aggregation by (schema, country), the sums
-    made by ftmq's ``Collector``."""
+    """The aggregation behind ftmq's ``DatasetStats`` of the entities, their
+    statement count and how many need a caption pick, collected to the driver.
+
+    ftmq's import (about 0.5 s, pyrql building its grammar) starts here on a
+    background thread: it runs while this aggregation and the writes after it
+    run in Spark, and :meth:`Statistics.dataset_stats` needs it only then.
+    """
     from pyspark.sql import functions as F
 
     from lakehouse_assets.preload import preload
 
-    # ftmq's import (about 0.5 s) runs while the aggregation runs in Spark
     if "ftmq.model.stats" not in sys.modules:
         preload("ftmq.model.stats")
     lit = _model_literals()
@@ -348,39 +401,7 @@ def statistics(entities: DataFrame) -> Statistics:
         )
         .collect()
     )
-    from ftmq.model.stats import Collector
-
-    collector = Collector()  # type: ignore[no-untyped-call]
-    things: Counter[str] = Counter()
-    intervals: Counter[str] = Counter()
-    things_countries: Counter[str] = Counter()
-    intervals_countries: Counter[str] = Counter()
-    statements = picks = 0
-    # in a fixed order (ftmq lists them in the order it meets them)
-    for row in sorted(rows, key=lambda r: (r["schema"], r["country"] or "")):
-        if row["country"] is None:
-            collector.entity_count += row["n"]
-            statements += row["statements"] or 0
-            picks += row["picks"] or 0
-            if row["thing"]:
-                things[row["schema"]] += row["n"]
-            if row["interval"]:
-                intervals[row["schema"]] += row["n"]
-            if row["start"] is not None:
-                collector.start.add(row["start"])
-            if row["end"] is not None:
-                collector.end.add(row["end"])
-        else:
-            if row["thing"]:
-                things_countries[row["country"]] += row["n"]
-            if row["interval"]:
-                intervals_countries[row["country"]] += row["n"]
-    collector.things, collector.intervals = things, intervals
-    collector.things_countries, collector.intervals_countries = (
-        things_countries,
-        intervals_countries,
-    )
-    return Statistics(collector.export(), statements, picks)
+    return Statistics(tuple(rows))
 
 
 def stats_json(stats: DatasetStats) -> str:
