@@ -61,7 +61,13 @@ from lakehouse_assets.locks import Fence
 from lakehouse_assets.reduce import reduce_events
 from lakehouse_assets.spark.delta_io import arrow_frame, read_snapshot, write_files
 from lakehouse_assets.spark.journal_source import journal_frame, reachable
-from lakehouse_assets.spark.session import get_spark, parallelism, remote_url, scratch_cleanup
+from lakehouse_assets.spark.session import (
+    get_spark,
+    parallelism,
+    ranged,
+    remote_url,
+    scratch_cleanup,
+)
 from lakehouse_assets.tables import (
     PROVENANCE_FIELDS,
     STATEMENTS_PARTITION,
@@ -191,23 +197,21 @@ def rewrite_translog(
     def earliest(name: str) -> Any:  # a stored row keeps its first write, even unknown
         return F.when(F.col("t._stored"), F.col(f"t.{name}")).otherwise(F.col(f"s.{name}"))
 
-    merged = (
-        old.join(new, ["origin", "id"], "full_outer")
-        .select(
-            F.coalesce(F.col("s.bucket"), F.col("t.bucket")).alias("bucket"),
-            "origin",
-            "id",
-            F.least(F.col("t.first_seen"), F.col("s.first_seen")).alias("first_seen"),
-            F.greatest(F.col("t.last_seen"), F.col("s.last_seen")).alias("last_seen"),
-            latest("deleted_at").alias("deleted_at"),
-            earliest("first_tenant").alias("first_tenant"),
-            earliest("first_write").alias("first_write"),
-            latest("last_tenant").alias("last_tenant"),
-            latest("last_write").alias("last_write"),
-        )
-        .repartitionByRange(_tasks(ds, rows, sum(f.size for f in old_files)), "bucket")
-        .sortWithinPartitions("bucket", "origin", "id")
+    merged = old.join(new, ["origin", "id"], "full_outer").select(
+        F.coalesce(F.col("s.bucket"), F.col("t.bucket")).alias("bucket"),
+        "origin",
+        "id",
+        F.least(F.col("t.first_seen"), F.col("s.first_seen")).alias("first_seen"),
+        F.greatest(F.col("t.last_seen"), F.col("s.last_seen")).alias("last_seen"),
+        latest("deleted_at").alias("deleted_at"),
+        earliest("first_tenant").alias("first_tenant"),
+        earliest("first_write").alias("first_write"),
+        latest("last_tenant").alias("last_tenant"),
+        latest("last_write").alias("last_write"),
     )
+    old_bytes = sum(f.size for f in old_files)
+    merged = ranged(merged, _tasks(ds, rows, old_bytes), "bucket", input_bytes=old_bytes)
+    merged = merged.sortWithinPartitions("bucket", "origin", "id")
     adds = write_files(
         merged, location.uri, options, TRANSLOG_SCHEMA, staging_uri=staging_uri, prefix="translog"
     )
@@ -307,11 +311,13 @@ def _flush_batch(
         keyed = reduced.join(in_main, ["origin", "id"], "left").cache()
     else:  # nothing stored in these buckets yet: every live statement is new
         keyed = reduced.withColumn("in_main", F.lit(None).cast("boolean"))
-    new = (
-        keyed.where(F.col("in_main").isNull() & F.col("deleted_at").isNull())
-        .select(*STATEMENTS_SCHEMA.names)
-        .repartitionByRange(_tasks(ds, statements, 0), "bucket", "canonical_id")
-        .sortWithinPartitions("bucket", "canonical_id", "prop", "value", "origin")
+    new = keyed.where(F.col("in_main").isNull() & F.col("deleted_at").isNull()).select(
+        *STATEMENTS_SCHEMA.names
+    )
+    tasks = _tasks(ds, statements, 0)
+    in_bytes = sum(f.size for f in main_files)
+    new = ranged(new, tasks, "bucket", "canonical_id", input_bytes=in_bytes).sortWithinPartitions(
+        "bucket", "canonical_id", "prop", "value", "origin"
     )
     actions = write_files(
         new,

@@ -28,7 +28,7 @@ from lakehouse_assets.delta import DeltaLocation, commit, remove_action
 from lakehouse_assets.exports import live_frame
 from lakehouse_assets.locks import Fence
 from lakehouse_assets.spark.delta_io import read_snapshot, write_files
-from lakehouse_assets.spark.session import get_spark, partitions_for
+from lakehouse_assets.spark.session import get_spark, partitions_for, ranged
 from lakehouse_assets.tables import (
     STATEMENTS_PARTITION,
     STATEMENTS_SCHEMA,
@@ -101,11 +101,14 @@ def _compact(ds: Dataset, *, wait: float | None = None) -> CompactResult:
         area = stack.enter_context(staging.area(ds, "compact"))
         spark = get_spark(ds.settings)
         partitions = partitions_for(ds.settings, sum(f.size for f in current.statements.files))
-        live = (
-            live_frame(spark, ds, current)
-            .repartitionByRange(partitions, "bucket", "canonical_id")
-            .sortWithinPartitions(*STATEMENTS_ORDER)
-        )
+        parquet = sum(f.size for f in (*current.statements.files, *current.translog.files))
+        live = ranged(
+            live_frame(spark, ds, current),
+            partitions,
+            "bucket",
+            "canonical_id",
+            input_bytes=parquet,
+        ).sortWithinPartitions(*STATEMENTS_ORDER)
         actions = write_files(
             live,
             main.uri,
@@ -153,11 +156,12 @@ def _drop_deleted_translog(
     if deleted == 0:
         publish(ds, snapshot, fence, publishes, meta)
         return 0
-    live = (
-        rows.where(F.col("deleted_at").isNull())
-        .repartitionByRange(max(1, ds.settings.spark_shuffle_partitions // 4), "bucket")
-        .sortWithinPartitions("bucket", "origin", "id")
-    )
+    live = ranged(
+        rows.where(F.col("deleted_at").isNull()),
+        max(1, ds.settings.spark_shuffle_partitions // 4),
+        "bucket",
+        input_bytes=sum(f.size for f in snapshot.files),
+    ).sortWithinPartitions("bucket", "origin", "id")
     adds = write_files(
         live, location.uri, location.storage_options, TRANSLOG_SCHEMA, staging_uri=staging_uri
     )
@@ -246,9 +250,8 @@ def _optimize_table(
         return 0, 0, None
     total = sum(f.size for f in small)
     rows = read_snapshot(spark, small, schema, location.storage_options, partition=partition)
-    ordered = rows.repartitionByRange(
-        max(1, -(-total // target_size)), *order
-    ).sortWithinPartitions(*order)
+    files = max(1, -(-total // target_size))
+    ordered = ranged(rows, files, *order, input_bytes=total).sortWithinPartitions(*order)
     adds = write_files(
         ordered,
         location.uri,

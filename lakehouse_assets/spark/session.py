@@ -34,7 +34,7 @@ from lakehouse_assets.spark.java import require_java
 from lakehouse_assets.staging import Cleaned, clean_stale_scratch, scratch_dir
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 _lock = threading.Lock()
 #: The session of this process, by where it runs ("local" or the remote URL).
@@ -261,6 +261,24 @@ def partitions_for(settings: Settings, parquet_bytes: int) -> int:
     """
     wanted = parquet_bytes // PARTITION_BYTES + 1
     return max(1, min(settings.spark_shuffle_partitions, wanted))
+
+
+def ranged(frame: DataFrame, partitions: int, *columns: str, input_bytes: int) -> DataFrame:
+    """``frame`` range-partitioned by ``columns`` into ``partitions``; coalesced
+    into one when one is wanted and the pass reads less than
+    :data:`PARTITION_BYTES` of Parquet (``input_bytes``).
+
+    A single partition satisfies every clustering and ordering a later
+    aggregation, window or sorted write asks for, so it needs no shuffle,
+    where Spark would still run the exchange (its map side a job of its own
+    under adaptive execution) to move every row into the one partition: on the
+    kek set that was a fifth of a warm export's Spark time. A coalesce also
+    pulls the work before it (a join, a read) into that one task, so a large
+    input keeps its parallel read and its shuffle.
+    """
+    if partitions <= 1 and input_bytes < PARTITION_BYTES:
+        return frame.coalesce(1)
+    return frame.repartitionByRange(partitions, *columns)
 
 
 def _leave(scratch: Path) -> None:
