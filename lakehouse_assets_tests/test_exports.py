@@ -503,6 +503,47 @@ def test_the_export_is_the_same_bytes_on_one_partition_and_on_several(
     assert [normal(g) for g in got] == [normal(w) for w in want]
 
 
+def test_ranged_coalesces_only_a_small_input_wanted_in_one_partition(
+    spark,  # type: ignore[no-untyped-def]
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``ranged`` (flush, compact, optimize, exports): one partition from a small
+    input is a coalesce, without an exchange; one partition from a large input
+    keeps the range exchange (its read stays parallel); several partitions hold
+    ordered, disjoint ranges."""
+    from pyspark.sql import functions as F
+
+    from lakehouse_assets.spark.session import PARTITION_BYTES, ranged
+
+    frame = spark.range(0, 1000, numPartitions=4).select((999 - F.col("id")).alias("k"))
+
+    def plan(df: Any) -> str:
+        """The physical plan as Spark explains it (printed, in both modes)."""
+        capsys.readouterr()
+        df.explain()
+        return capsys.readouterr().out.lower()
+
+    def placed(df: Any) -> list[tuple[int, int, int]]:
+        rows = (
+            df.groupBy(F.spark_partition_id().alias("p"))
+            .agg(F.min("k").alias("lo"), F.max("k").alias("hi"))
+            .orderBy("p")
+            .collect()
+        )
+        return [(r["p"], r["lo"], r["hi"]) for r in rows]
+
+    small = ranged(frame, 1, "k", input_bytes=PARTITION_BYTES - 1)
+    large = ranged(frame, 1, "k", input_bytes=PARTITION_BYTES)
+    several = ranged(frame, 3, "k", input_bytes=0)
+    assert placed(small) == [(0, 0, 999)] == placed(large)
+    parts = placed(several)
+    assert [p for p, _, _ in parts] == [0, 1, 2]
+    assert all(a[2] < b[1] for a, b in zip(parts, parts[1:], strict=False))
+    assert parts[0][1] == 0 and parts[-1][2] == 999
+    assert "coalesce" in plan(small) and "exchange" not in plan(small)
+    assert "exchange" in plan(large)  # Spark's range exchange into a single partition
+
+
 def test_the_caption_udf_is_planned_only_when_an_entity_needs_a_pick(
     spark,  # type: ignore[no-untyped-def]
     local_lake: Lakehouse,
