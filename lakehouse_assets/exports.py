@@ -312,7 +312,7 @@ def _run_pass(
         origins = {f.partition_values.get(STATEMENTS_PARTITION) for f in snapshot.statements.files}
         live = live_frame(spark, ds, snapshot)
         # one partition (a small dataset) is a coalesce: no shuffle, and no
-        # exchange for the statistics either (kek warm: 1.27 -> 1.0 s)
+        # exchange for the statistics either
         by_entity = ranged(live, partitions, "canonical_id", input_bytes=parquet)
         ordered = ftm_sql.dedupe(by_entity, origins=len(origins))
         ordered = ordered.sortWithinPartitions(*[F.col(c) for c in SORT])

@@ -272,7 +272,8 @@ def ranged(frame: DataFrame, partitions: int, *columns: str, input_bytes: int) -
     aggregation, window or sorted write asks for, so it needs no shuffle,
     where Spark would still run the exchange (its map side a job of its own
     under adaptive execution) to move every row into the one partition: on the
-    kek set that was a fifth of a warm export's Spark time. A coalesce also
+    kek set, about a fifth of a warm export's statistics step (1.27 -> 1.0 s,
+    measured alone). A coalesce also
     pulls the work before it (a join, a read) into that one task, so a large
     input keeps its parallel read and its shuffle.
     """
