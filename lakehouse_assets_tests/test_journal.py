@@ -424,3 +424,67 @@ def test_a_release_holds_the_write_lock_while_it_checks(tmp_path: Path) -> None:
             other.execute(f"DELETE FROM {journal_table.name}")
         other.close()
     assert journal.count("d") == 1
+
+
+def test_a_command_leaves_no_write_ahead_log_behind(tmp_path: Path) -> None:
+    """A CLI command closes its SQLite journal at exit (it skips the interpreter's
+    teardown, which would have): the last connection checkpoints the WAL into
+    the database and deletes it, so the next command does not first read the
+    whole WAL to rebuild its index. The rows are all there."""
+    import os
+    import subprocess
+    import sys
+
+    exe = str(Path(sys.executable).parent / "lakehouse")
+    db = tmp_path / "journal.sqlite"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE_")}
+    env["LAKEHOUSE_LAKE_URI"] = str(tmp_path / "lake")
+    env["LAKEHOUSE_JOURNAL_URL"] = f"sqlite:///{db}"
+    data = tmp_path / "entities.ftm.json"
+    data.write_bytes(b"\n".join(orjson.dumps(e) for e in sample_entities()))
+    for args in (
+        ["datasets", "create", "wal"],
+        ["-d", "wal", "entities", "write", "-i", str(data)],
+    ):
+        res = subprocess.run([exe, *args], capture_output=True, text=True, env=env, timeout=120)
+        assert res.returncode == 0, res.stderr
+    assert db.exists()
+    assert not db.with_name(db.name + "-wal").exists()
+    journal = Journal(f"sqlite:///{db}")
+    expected = sum(
+        len(list(Statement.from_entity(model.get_proxy(e), "wal"))) for e in sample_entities()
+    )
+    assert journal.count("wal") == expected > 0
+    journal.dispose()
+
+
+def test_the_write_ahead_log_is_cut_back_after_a_big_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While another process keeps the journal open (a Dagster daemon, say) the
+    WAL is never deleted; after a checkpoint it is cut back to the limit
+    instead of keeping the size of the largest write ever made."""
+    import sqlite3
+
+    from lakehouse_assets import journal as journal_module
+    from lakehouse_assets.journal import Write
+
+    limit = 256 * 1024
+    monkeypatch.setattr(journal_module, "WAL_SIZE_LIMIT", limit)
+    db = tmp_path / "journal.sqlite"
+    wal = db.with_name(db.name + "-wal")
+    journal = Journal(f"sqlite:///{db}")
+    other = sqlite3.connect(db)  # the other process's idle connection
+    other.execute("SELECT count(*) FROM lakehouse_journal").fetchall()
+    try:
+        row = ("d", 1, "o", "e", "e", "s", "name", "name", "Person", "v" * 500)
+        big = [(*row, None, None, False, None, None, None)] * 20_000
+        journal.write(big, Write.new("tests"))
+        assert wal.stat().st_size > 10 * limit  # the big write went through the WAL
+        journal.write([big[0]], Write.new("tests"))  # the next write restarts the WAL
+        assert wal.stat().st_size <= limit
+        assert journal.count("d") == 20_001
+        assert other.execute("SELECT count(*) FROM lakehouse_journal").fetchone() == (20_001,)
+    finally:
+        other.close()
+        journal.dispose()
