@@ -53,6 +53,14 @@ from followthemoney.dataset.resource import DataResource
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, progress, staging
 from lakehouse_assets.flush import flush_for_reading
+from lakehouse_assets.freshness import (  # the export kinds and their rule live there
+    ENTITIES,
+    EXPORTS,
+    INDEX,
+    STATEMENTS,
+    STATISTICS,
+    dependencies,
+)
 from lakehouse_assets.query import SORT, csv_header, string_data
 from lakehouse_assets.spark import ftm_sql
 from lakehouse_assets.spark.delta_io import read_snapshot
@@ -71,22 +79,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from lakehouse_assets.lake import Dataset
-
-STATEMENTS = "statements"
-ENTITIES = "entities"
-STATISTICS = "statistics"
-INDEX = "index"
-
-#: Export kind → (lake path under the dataset, its tag, mime type).
-EXPORTS: dict[str, tuple[str, str, str]] = {
-    STATEMENTS: (cv.STATEMENTS_CSV, cv.EXPORTS_STATEMENTS, "text/csv"),
-    ENTITIES: (cv.ENTITIES_JSON, cv.EXPORTS_ENTITIES, "application/json+ftm"),
-    STATISTICS: (cv.STATISTICS_JSON, cv.EXPORTS_STATISTICS, "application/json"),
-    INDEX: (cv.INDEX, cv.EXPORTS_INDEX, "application/json"),
-}
-
-#: What every export depends on (the spec's freshness rule).
-FRESHNESS_DEPENDENCIES = (cv.STATEMENTS_LAST_UPDATED, cv.JOURNAL_LAST_UPDATED)
 
 
 @dataclass
@@ -122,13 +114,6 @@ class ExportResult:
 
 
 log = logging.getLogger(__name__)
-
-
-def dependencies(kind: str) -> tuple[str, ...]:
-    """The tags an export depends on (the spec's freshness rule; index also on statistics)."""
-    if kind == INDEX:
-        return (*FRESHNESS_DEPENDENCIES, cv.EXPORTS_STATISTICS)
-    return FRESHNESS_DEPENDENCIES
 
 
 def is_fresh(ds: Dataset, kind: str) -> bool:

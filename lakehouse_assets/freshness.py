@@ -7,7 +7,10 @@ graph index is fresh when it reflects the current table versions; its Cypher
 export when it is newer than ``entities.ftm.json``.
 
 Reading it costs a few tag reads and one journal count: ``lakehouse status``,
-the Dagster freshness check and its sensor use it on every dataset.
+the Dagster freshness check and its sensor use it on every dataset. So the
+export kinds and their rule are defined here, and this module imports
+neither Spark nor followthemoney (``lakehouse status`` took 1.3 s, about half
+of it importing them through the export and graph-export modules).
 """
 
 from __future__ import annotations
@@ -21,7 +24,37 @@ from lakehouse_assets import conventions as cv
 if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset
 
-#: The graph index and its exports, beside the exports of :data:`exports.EXPORTS`.
+STATEMENTS = "statements"
+ENTITIES = "entities"
+STATISTICS = "statistics"
+INDEX = "index"
+
+#: Export kind → (lake path under the dataset, its tag, mime type).
+EXPORTS: dict[str, tuple[str, str, str]] = {
+    STATEMENTS: (cv.STATEMENTS_CSV, cv.EXPORTS_STATEMENTS, "text/csv"),
+    ENTITIES: (cv.ENTITIES_JSON, cv.EXPORTS_ENTITIES, "application/json+ftm"),
+    STATISTICS: (cv.STATISTICS_JSON, cv.EXPORTS_STATISTICS, "application/json"),
+    INDEX: (cv.INDEX, cv.EXPORTS_INDEX, "application/json"),
+}
+
+#: What every export depends on (the spec's freshness rule).
+FRESHNESS_DEPENDENCIES = (cv.STATEMENTS_LAST_UPDATED, cv.JOURNAL_LAST_UPDATED)
+
+
+def dependencies(kind: str) -> tuple[str, ...]:
+    """The tags an export depends on (the spec's freshness rule; index also on statistics)."""
+    if kind == INDEX:
+        return (*FRESHNESS_DEPENDENCIES, cv.EXPORTS_STATISTICS)
+    return FRESHNESS_DEPENDENCIES
+
+
+def graph_exports_fresh(ds: Dataset) -> bool:
+    """The graph exports (Cypher, GraphML, Neo4j CSVs) are newer than the entities
+    export they are made of."""
+    return ds.core_tags.is_latest(cv.EXPORTS_GRAPH, [cv.EXPORTS_ENTITIES])
+
+
+#: The graph index and its exports, beside the exports of :data:`EXPORTS`.
 GRAPH = "graph"
 GRAPH_CYPHER = "graph_cypher"
 
@@ -46,8 +79,7 @@ def freshness(ds: Dataset, pending: int | None = None) -> dict[str, Freshness]:
 
     ``pending`` is the journal's row count when the caller has it already.
     """
-    from lakehouse_assets import graph, graph_exports
-    from lakehouse_assets.exports import EXPORTS, dependencies
+    from lakehouse_assets import graph
 
     tags = ds.core_tags
     if pending is None:
@@ -76,7 +108,7 @@ def freshness(ds: Dataset, pending: int | None = None) -> dict[str, Freshness]:
             f"{built['edges']:,} edges; "
             + ("reflects the latest tables" if current else "the tables changed since its update"),
         )
-        cypher = graph_exports.is_fresh(ds)
+        cypher = graph_exports_fresh(ds)
         found[GRAPH_CYPHER] = Freshness(
             cv.GRAPH_CYPHER,
             cypher,

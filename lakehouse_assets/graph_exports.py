@@ -768,7 +768,9 @@ def write_cypher(ds: Dataset, out: TextIO, *, ftm_compatible: bool = False) -> d
 
 def is_fresh(ds: Dataset) -> bool:
     """The spec's freshness rule: newer than the entities export they are made of."""
-    return ds.core_tags.is_latest(cv.EXPORTS_GRAPH, [cv.EXPORTS_ENTITIES])
+    from lakehouse_assets.freshness import graph_exports_fresh
+
+    return graph_exports_fresh(ds)
 
 
 def export_graph(ds: Dataset, *, force: bool = False) -> dict[str, Any]:

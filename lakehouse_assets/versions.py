@@ -542,7 +542,7 @@ def _export_entries(
 ) -> list[dict[str, Any]]:
     """The exports with size and SHA-256; ``known`` holds what the export pass that
     just wrote a file computed while writing it (by path), so it is not read again."""
-    from lakehouse_assets.exports import ENTITIES, EXPORTS, STATEMENTS, STATISTICS
+    from lakehouse_assets.freshness import ENTITIES, EXPORTS, STATEMENTS, STATISTICS
 
     entries = []
     for kind in (STATEMENTS, ENTITIES, STATISTICS):
@@ -609,7 +609,7 @@ def build_manifest(
             tables[name] = entry
     exports = _export_entries(ds, known_exports)
     by_kind = {e["kind"]: e for e in exports}
-    from lakehouse_assets.exports import EXPORTS, STATEMENTS
+    from lakehouse_assets.freshness import EXPORTS, STATEMENTS
 
     counted = (known_exports or {}).get(EXPORTS[STATEMENTS][0], {})
     totals = _totals(
@@ -1382,7 +1382,7 @@ def _check_head_tables(ds: Dataset, version: Version, report: VerifyReport) -> N
 
 def _check_exports(ds: Dataset, version: Version, hasher: _Hasher, report: VerifyReport) -> None:
     """The head's exports, unless an export was rewritten since (then it is unpublished)."""
-    from lakehouse_assets.exports import EXPORTS
+    from lakehouse_assets.freshness import EXPORTS
 
     tags = ds.core_tags
     for entry in version.manifest.get("exports", []):

@@ -115,3 +115,30 @@ def test_readers_do_not_fail_while_a_writer_holds_the_lock(
     made = ds.make()  # the dead holder's lock is taken over
     assert made.flushed is not None and made.pending == 0
     assert exported_ids(ds) == {str(e["id"]) for e in ENTITIES[:8]}
+
+
+def test_reading_freshness_loads_neither_spark_nor_followthemoney(tmp_path: Any) -> None:
+    """``lakehouse status`` and the freshness sensor read a few tags and count the
+    journal: they must not pay for importing Spark's client or followthemoney
+    (about a fifth of ``lakehouse status``). Checked in a fresh interpreter, on a
+    dataset with rows in the journal and its exports and graph exports stamped."""
+    journal_url = f"sqlite:///{tmp_path}/j.db"
+    lake = Lakehouse(tmp_path / "lake", journal_url=journal_url)
+    ds = lake.create_dataset("light")
+    ds.add_entity(ENTITIES[0])
+    ds.core_tags.touch(cv.EXPORTS_ENTITIES)
+    ds.core_tags.touch(cv.EXPORTS_GRAPH)
+    script = f"""
+import sys
+from lakehouse_assets.freshness import freshness
+from lakehouse_assets.lake import Lakehouse
+ds = Lakehouse({str(tmp_path / "lake")!r}, journal_url={journal_url!r}).dataset("light")
+found = freshness(ds)
+assert not found["entities"].fresh and "journal rows wait" in found["entities"].why, found
+print(",".join(m for m in ("pyspark", "followthemoney", "ftmq") if m in sys.modules))
+"""
+    res = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == ""

@@ -33,8 +33,9 @@ from lakehouse_assets.defs.metadata import (
 )
 from lakehouse_assets.defs.partitions import datasets
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
-from lakehouse_assets.exports import ENTITIES, EXPORTS, INDEX, STATEMENTS, STATISTICS, export
+from lakehouse_assets.exports import export
 from lakehouse_assets.flush import flush
+from lakehouse_assets.freshness import ENTITIES, EXPORTS, INDEX, STATEMENTS, STATISTICS
 from lakehouse_assets.lake import Dataset
 from lakehouse_assets.tables import STATEMENTS_SCHEMA, TRANSLOG_SCHEMA
 

@@ -24,8 +24,16 @@ import dagster as dg
 from lakehouse_assets.defs.batch import check_results, for_each_dataset
 from lakehouse_assets.defs.partitions import datasets, partition_datasets
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.exports import ENTITIES, INDEX, STATEMENTS, STATISTICS
-from lakehouse_assets.freshness import GRAPH, GRAPH_CYPHER, Freshness, freshness
+from lakehouse_assets.freshness import (
+    ENTITIES,
+    GRAPH,
+    GRAPH_CYPHER,
+    INDEX,
+    STATEMENTS,
+    STATISTICS,
+    Freshness,
+    freshness,
+)
 from lakehouse_assets.lake import Dataset
 from lakehouse_assets.settings import Settings
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.delta import DeltaLocation
-from lakehouse_assets.exports import EXPORTS
+from lakehouse_assets.freshness import EXPORTS
 from lakehouse_assets.lake import Dataset
 
 #: Dagster's tag for a reported event's data version (what staleness compares).
