@@ -406,6 +406,12 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA synchronous=FULL")
     cur.execute("PRAGMA busy_timeout=300000")
     cur.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
+    # FAST: freed pages are not overwritten with zeros. Debian builds SQLite
+    # with secure_delete on, so releasing a flushed journal rewrote every page
+    # it freed through the WAL: 1.1-1.35 s and a 312 MB WAL at 1M rows, 0.1 s
+    # and none with FAST. The released rows live on in the lake's tables; a
+    # journal that must not keep their bytes in free pages is VACUUMed.
+    cur.execute("PRAGMA secure_delete=FAST")
     cur.close()
 
 
@@ -799,8 +805,10 @@ class Journal:
         with self.engine.begin() as conn:
             if claim.bound is not None and self._only_these(conn, claim, low, high):
                 # SQLite deletes a table without WHERE by freeing its pages
-                # (the truncate optimisation): 10M rows in 20 s, where deleting
-                # them row by row, indexes and WAL included, took 48 s
+                # (the truncate optimisation): 1M rows in 0.1 s, where deleting
+                # them row by row, indexes and WAL included, takes 4 s (10M:
+                # 48 s); 20 s at 10M while freed pages were zeroed (see
+                # _sqlite_pragmas)
                 return int(conn.execute(delete(t)).rowcount or 0)
             return int(conn.execute(q).rowcount or 0)
 

@@ -488,3 +488,30 @@ def test_the_write_ahead_log_is_cut_back_after_a_big_write(
     finally:
         other.close()
         journal.dispose()
+
+
+def test_releasing_a_flushed_journal_does_not_rewrite_its_pages(tmp_path: Path) -> None:
+    """A journal holding nothing but a flush's claim is emptied by freeing its
+    pages: nothing is written through the WAL for them (Debian's SQLite zeroes
+    freed pages unless told otherwise, which rewrote the whole journal). The
+    next write reuses the freed pages, so the file does not grow."""
+    from lakehouse_assets.journal import Write
+
+    db = tmp_path / "journal.sqlite"
+    wal = db.with_name(db.name + "-wal")
+    journal = Journal(f"sqlite:///{db}")
+    row = ("d", 7, "o", "e", "e", "s", "name", "name", "Person", "v" * 500)
+    rows = [(*row, None, None, False, None, None, None)] * 20_000
+    journal.write(rows, Write.new("tests"))
+    journal.dispose()  # the last connection checkpoints the WAL away
+    assert not wal.exists()
+    size = db.stat().st_size
+    assert size > 10_000_000
+    claim = journal.claim("d", "flush-test")
+    assert journal.release_claimed(claim, [7]) == 20_000
+    assert journal.count("d") == 0
+    assert wal.stat().st_size < size / 20  # not a rewrite of the freed pages
+    journal.write(rows, Write.new("tests"))
+    assert journal.count("d") == 20_000
+    journal.dispose()
+    assert db.stat().st_size <= size * 1.05
