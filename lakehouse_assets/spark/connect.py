@@ -217,8 +217,9 @@ def start(settings: Settings, port: int | None = None, *, timeout: float = 180.0
     log_path = folder / "server.log"
     java_options = (
         f"-Dlog4j2.configurationFile=file:{log4j_config(settings)} "
-        f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData -XX:+ExitOnOutOfMemoryError"
-    )
+        f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData -XX:+ExitOnOutOfMemoryError "
+        f"{settings.spark_driver_java_options}"
+    ).strip()
     confs = {
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),

@@ -76,8 +76,9 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.local.dir": str(scratch),
         "spark.driver.extraJavaOptions": (
             f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData "
-            f"-Dlog4j2.configurationFile=file:{log4j_config(settings)}"
-        ),
+            f"-Dlog4j2.configurationFile=file:{log4j_config(settings)} "
+            f"{settings.spark_driver_java_options}"
+        ).strip(),
         "spark.driver.bindAddress": "127.0.0.1"
         if settings.spark_master.startswith("local")
         else "0.0.0.0",
