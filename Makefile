@@ -23,8 +23,11 @@ $(STAMP): pyproject.toml requirements.lock
 
 install: $(STAMP)
 
+# Java 17 present, then the JVM's class archive of Spark (once per install: about
+# a minute; every later Spark start about 3 s faster; optional, so not fatal)
 java: install
 	@$(PY) -m lakehouse_assets.spark.java
+	@$(VENV)/bin/lakehouse spark prepare || echo "warning: no class archive (Spark starts without it, about 3 s slower)"
 
 demo: install java
 	@LAKE=$(DEMO_LAKE) VENV=$(VENV) sh lakehouse_assets/sample/demo.sh

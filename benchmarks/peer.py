@@ -845,6 +845,22 @@ def git_version() -> str:
 # --- main ------------------------------------------------------------------------------------
 
 
+def class_archive(cache: Path) -> str:
+    """Ours as installed: ``make install`` prepares the JVM's class archive of
+    Spark in the default cache folder (once); this run's own cache folder links
+    to it, so our Spark starts as a user's would."""
+    from lakehouse_assets.settings import Settings
+    from lakehouse_assets.spark import cds
+
+    installed = cds.prepare(Settings())
+    target = cds.archive_path(Settings(cache_dir=str(cache)))
+    assert target is not None  # prepare found java
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+        target.symlink_to(installed.path)
+    return f"{installed.path} ({'built' if installed.built else 'there'})"
+
+
 def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -878,6 +894,12 @@ def main() -> None:
         help=f"statements of scaled kek data (default {KEK_STATEMENTS:,}: the real kek set)",
     )
     parser.add_argument("--warm", action="store_true", help="ours on a Spark Connect server")
+    parser.add_argument(
+        "--no-class-archive",
+        dest="class_archive",
+        action="store_false",
+        help="ours without the JVM's class archive of `lakehouse spark prepare`",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="repeat; print medians")
     parser.add_argument("--gets", type=int, default=100, help="ids the get step fetches")
     parser.add_argument("--keep", action="store_true", help="keep the lakes and logs")
@@ -904,6 +926,8 @@ def main() -> None:
     ids, entities = sample_ids(data, args.gets)
     ids_path.write_text(json.dumps(ids))
     cache = work / "cache"
+    if args.class_archive:
+        say(f"the JVM's class archive (as `make install` prepares it): {class_archive(cache)}")
     load = os.getloadavg()
     server: SparkServer | None = None
     rounds: list[Round] = []

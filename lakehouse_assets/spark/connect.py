@@ -40,6 +40,7 @@ from pathlib import Path
 from lakehouse_assets.errors import ConfigurationError
 from lakehouse_assets.locks import pid_alive, process_start
 from lakehouse_assets.settings import Settings
+from lakehouse_assets.spark import cds
 from lakehouse_assets.spark.java import require_java
 
 logger = logging.getLogger(__name__)
@@ -218,7 +219,7 @@ def start(settings: Settings, port: int | None = None, *, timeout: float = 180.0
     java_options = (
         f"-Dlog4j2.configurationFile=file:{log4j_config(settings)} "
         f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData -XX:+ExitOnOutOfMemoryError "
-        f"{settings.spark_driver_java_options}"
+        f"{cds.java_options(settings)} {settings.spark_driver_java_options}"
     ).strip()
     confs = {
         "spark.connect.grpc.binding.address": "127.0.0.1",

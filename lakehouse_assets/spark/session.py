@@ -61,6 +61,7 @@ def sql_conf(settings: Settings) -> dict[str, str]:
 
 def spark_conf(settings: Settings) -> dict[str, str]:
     """The configuration of an in-process Spark."""
+    from lakehouse_assets.spark.cds import java_options
     from lakehouse_assets.spark.connect import log4j_config
 
     scratch = scratch_dir(settings)
@@ -77,7 +78,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.driver.extraJavaOptions": (
             f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData "
             f"-Dlog4j2.configurationFile=file:{log4j_config(settings)} "
-            f"{settings.spark_driver_java_options}"
+            f"{java_options(settings)} {settings.spark_driver_java_options}"
         ).strip(),
         "spark.driver.bindAddress": "127.0.0.1"
         if settings.spark_master.startswith("local")

@@ -1,0 +1,63 @@
+"""The JVM's class archive of Spark (``lakehouse spark prepare``): built by a real
+training run, checked by a real Spark start that must map it, then used."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lakehouse_assets.settings import Settings
+from lakehouse_assets.spark import cds
+
+
+def test_a_class_archive_is_built_once_checked_and_used(tmp_path: Path) -> None:
+    settings = Settings(cache_dir=str(tmp_path / "cache"))
+    assert cds.java_options(settings) == ""  # nothing built yet: Spark starts as ever
+    done = cds.prepare(settings)  # trains, then starts Spark with -Xshare:on on it
+    assert done.built and done.path.is_file() and done.size > 10_000_000
+    assert done.path.parent == settings.cache_path / "jvm"
+    assert not list(done.path.parent.glob("*.partial"))
+    again = cds.prepare(settings)
+    assert not again.built and again.path == done.path
+    assert cds.java_options(settings) == f"-XX:SharedArchiveFile={done.path}"
+    off = settings.model_copy(update={"spark_class_archive": False})
+    assert cds.java_options(off) == ""
+    # what an in-process Spark and the local Connect server are started with
+    from lakehouse_assets.spark.session import spark_conf
+
+    assert (
+        f"-XX:SharedArchiveFile={done.path}"
+        in spark_conf(settings)["spark.driver.extraJavaOptions"]
+    )
+    # a file that is not an archive: the Spark start that must map it fails
+    bad = tmp_path / "bad.jsa"
+    bad.write_bytes(b"not a class archive" * 100)
+    assert cds.check(settings, bad) is not None
+
+
+def test_archives_of_gone_or_reinstalled_sparks_are_removed(tmp_path: Path) -> None:
+    """Each archive is about 190 MB: those of a Spark install that is gone or
+    was reinstalled go; another live install's (sharing the cache) stays."""
+    folder = tmp_path / "jvm"
+    folder.mkdir()
+    live_jars = tmp_path / "venv" / "jars"
+    live_jars.mkdir(parents=True)
+    stat = live_jars.stat()
+
+    def archive(name: str, jars: str) -> Path:
+        (folder / f"{name}.jsa").write_bytes(b"x")
+        (folder / f"{name}.log").write_text("training")
+        (folder / f"{name}.json").write_text(
+            json.dumps({"identity": ["4.3.0", "/usr/bin/java:1:2", jars]})
+        )
+        return folder / f"{name}.jsa"
+
+    live = archive("spark-4.3.0-live", f"{live_jars}:{stat.st_size}:{stat.st_mtime_ns}")
+    gone = archive("spark-4.3.0-gone", f"{tmp_path}/deleted/jars:4096:1")
+    reinstalled = archive("spark-4.3.0-old", f"{live_jars}:{stat.st_size}:{stat.st_mtime_ns - 1}")
+    cds._remove_outdated(folder)
+    assert live.exists() and live.with_suffix(".json").exists()
+    for path in (gone, reinstalled):
+        assert not path.exists()
+        assert not path.with_suffix(".json").exists()
+        assert not path.with_suffix(".log").exists()
