@@ -8,7 +8,7 @@ instead (JEP 350, dynamic CDS archives). Measured here, in-process
 ``local[*]``: the session 5.3-5.7 s -> 3.3-3.7 s, its first job 2.4-2.6 s ->
 1.3-1.7 s.
 
-``lakehouse spark prepare`` (run by ``make install``'s ``java`` step) builds
+``lakehouse spark prepare`` (run by the Makefile's ``java`` step) builds
 the archive once: a training process runs a small flush and export on a
 throw-away lake with ``-XX:ArchiveClassesAtExit`` and waits for its JVM to
 exit, which writes the archive; it is moved into place whole and checked
@@ -175,7 +175,7 @@ def prepare(settings: Settings, *, force: bool = False) -> Prepared:
 
 def _remove_outdated(folder: Path) -> None:
     """Remove the archives of Spark installs that are gone or were reinstalled
-    (each is about 150 MB); those of other live installs sharing the cache stay."""
+    (each is about 190 MB); those of other live installs sharing the cache stay."""
     for record in folder.glob("spark-*.json"):
         try:
             identity = json.loads(record.read_text())["identity"]
