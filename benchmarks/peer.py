@@ -3,6 +3,7 @@
     python -m benchmarks.peer                      # the real kek set (25,776 statements), cold
     python -m benchmarks.peer --warm               # ours on a warm Spark Connect server
     python -m benchmarks.peer --statements 1000000 --rounds 3
+    python -m benchmarks.peer --statements 10000000 --only ours   # one system's figures
 
 What it measures, for both systems, each in a fresh lake (a SQLite journal file
 beside it) and each step as its own process:
@@ -30,6 +31,8 @@ The systems alternate step by step (round 1: ours, peer; round 2: peer,
 ours; ...) so the machine's load affects both alike; ``--rounds R`` repeats the
 whole comparison with fresh lakes and prints the median of each figure. After
 the exports both entities.ftm.json files must have the same number of lines.
+``--only ours`` (or ``peer``) runs one system: for a re-measure of one side
+(its memory at 10M, say) without the other's hour; its table has no ratios.
 
 The peer is installed once into ``benchmarks/.data/peer/`` (git-ignored): a
 Python 3.12 venv with ftm-lakehouse 0.9.0, duckdb 1.5.5 and its delta/httpfs
@@ -628,13 +631,15 @@ def run_round(
     cache: Path,
     server: SparkServer | None,
     timeout: float,
+    only: Sequence[str] = SYSTEMS,
 ) -> Round:
     result = Round(number)
     systems = {
         OURS: ours(root / OURS, data, ids, cache, server.url if server else None),
         PEER: peer(root / PEER, data, ids),
     }
-    order = SYSTEMS if number % 2 == 1 else SYSTEMS[::-1]
+    systems = {name: system for name, system in systems.items() if name in only}
+    order = [name for name in (SYSTEMS if number % 2 == 1 else SYSTEMS[::-1]) if name in only]
     watch = [server.pid] if server and server.pid else []
     for system in systems.values():
         system.cwd.mkdir(parents=True, exist_ok=True)  # clean: the peer reads a .env here
@@ -753,6 +758,7 @@ def report(
     server: SparkServer | None,
     load: tuple[float, float, float],
     logs: str,
+    only: Sequence[str] = SYSTEMS,
 ) -> bool:
     """Print the table; returns False if the entity counts of the exports differ."""
     mode = "warm (ours on a Spark Connect server)" if warm else "cold (each process its own Spark)"
@@ -803,10 +809,12 @@ def report(
         ent = {n: r.lines.get(n, {}).get("entities") for n in SYSTEMS}
         stm = {n: r.lines.get(n, {}).get("statements") for n in SYSTEMS}
         print(
-            f"round {r.number}: entities.ftm.json lines: peer {ent[PEER]}, ours {ent[OURS]}; "
-            f"statements.csv lines: peer {stm[PEER]}, ours {stm[OURS]}"
+            f"round {r.number}: entities.ftm.json lines: "
+            + ", ".join(f"{n} {ent[n]}" for n in only)
+            + "; statements.csv lines: "
+            + ", ".join(f"{n} {stm[n]}" for n in only)
         )
-        if ent[PEER] is None or ent[PEER] != ent[OURS]:
+        if any(ent[n] is None for n in only) or len({ent[n] for n in only}) > 1:
             same = False
     if not same:
         print()
@@ -846,7 +854,7 @@ def git_version() -> str:
 
 
 def class_archive(cache: Path) -> str:
-    """Ours as installed: ``make install`` prepares the JVM's class archive of
+    """Ours as installed: the Makefile's ``java`` step prepares the JVM's class archive of
     Spark in the default cache folder (once); this run's own cache folder links
     to it, so our Spark starts as a user's would."""
     from lakehouse_assets.settings import Settings
@@ -908,14 +916,19 @@ def main() -> None:
         "--step-timeout", type=float, default=4 * 3600, help="kill a step after this many s"
     )
     parser.add_argument("--peer-python", default=None, help="a Python 3.12 for the peer venv")
+    parser.add_argument(
+        "--only", choices=SYSTEMS, default=None, help="run one system only (no ratios)"
+    )
     args = parser.parse_args()
+    only = (args.only,) if args.only else SYSTEMS
     if args.rounds < 1 or args.gets < 1:
         parser.error("--rounds and --gets must be at least 1")
 
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, on_signal)
 
-    ensure_peer(args.peer_python)
+    if PEER in only:
+        ensure_peer(args.peer_python)
     DATA_DIR.mkdir(exist_ok=True)
     say(f"data: {args.statements:,} statements of scaled kek")
     data = write_data(DATA_DIR / f"kek-{args.statements}.ftm.json", args.statements)
@@ -927,7 +940,7 @@ def main() -> None:
     ids_path.write_text(json.dumps(ids))
     cache = work / "cache"
     if args.class_archive:
-        say(f"the JVM's class archive (as `make install` prepares it): {class_archive(cache)}")
+        say(f"the JVM's class archive (as `make` prepares it): {class_archive(cache)}")
     load = os.getloadavg()
     server: SparkServer | None = None
     rounds: list[Round] = []
@@ -945,7 +958,9 @@ def main() -> None:
         for number in range(1, args.rounds + 1):
             round_root = work / f"round-{number}"
             rounds.append(
-                run_round(number, round_root, data, ids_path, cache, server, args.step_timeout)
+                run_round(
+                    number, round_root, data, ids_path, cache, server, args.step_timeout, only
+                )
             )
         same = report(
             rounds,
@@ -955,6 +970,7 @@ def main() -> None:
             server=server,
             load=load,
             logs=f"logs in {work}" if args.keep else "logs removed: rerun with --keep to see them",
+            only=only,
         )
         print(f"load at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:

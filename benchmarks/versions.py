@@ -21,6 +21,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import orjson
@@ -112,8 +113,8 @@ def main() -> None:
     print(f"verify --deep: {seconds:.3f} s", flush=True)
 
     ids = [orjson.loads(lines[rng.randrange(len(lines))])["id"] for _ in range(100)]
-    latest = [timed(lambda i=i: ds.get_entity(i))[0] for i in ids]
-    as_of = [timed(lambda i=i: ds.get_entity(i, as_of=1))[0] for i in ids]
+    latest = [timed(partial(ds.get_entity, i))[0] for i in ids]
+    as_of = [timed(partial(ds.get_entity, i, as_of=1))[0] for i in ids]
     print(f"get at the head:   {percentiles(latest)}", flush=True)
     print(f"get as of version 1: {percentiles(as_of)}", flush=True)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from functools import cached_property
@@ -74,7 +75,7 @@ class Lakehouse:
 
     def __init__(
         self,
-        uri: str | None = None,
+        uri: str | os.PathLike[str] | None = None,
         *,
         settings: Settings | None = None,
         journal_url: str | None = None,
