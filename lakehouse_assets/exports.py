@@ -356,10 +356,31 @@ def _run_pass(
             }
         return out
     finally:
-        for frame in cached:
-            frame.unpersist()
-        spark.conf.set(sort_agg, previous)
+        _release(spark, cached, sort_agg, previous)
         staging.remove(ds, staging_rel)
+
+
+def _release(spark: SparkSession, cached: list[DataFrame], conf: str, previous: str) -> None:
+    """Unpersist the pass's frames, dependants first (unpersisting a frame others
+    were built on makes Spark re-plan their caches), and restore the setting.
+
+    Best effort: after a failed job Spark may be gone (an out-of-memory error
+    stops the SparkContext), and a failure here must neither hide the error
+    that ended the pass nor keep the staging area from being removed."""
+    for frame in reversed(cached):
+        try:
+            frame.unpersist()
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            log.warning("could not unpersist a cached frame: %s", _first_line(exc))
+    try:
+        spark.conf.set(conf, previous)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        log.warning("could not restore %s: %s", conf, _first_line(exc))
+
+
+def _first_line(exc: BaseException) -> str:
+    """An error's first line (a Py4J error carries the JVM's whole stack)."""
+    return next(iter(str(exc).splitlines()), repr(exc))
 
 
 def _uri(staging_uri: str, task_path: str, root: str) -> str:

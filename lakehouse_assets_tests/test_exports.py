@@ -614,6 +614,47 @@ def test_entities_with_no_common_schema_fail_the_export_by_name(
     assert not is_fresh(ds, "entities")
 
 
+def test_an_export_whose_spark_went_away_raises_its_own_error_and_cleans_up(
+    spark, local_lake: Lakehouse
+) -> None:  # type: ignore[no-untyped-def]
+    """Spark gone mid-export (a driver that ran out of heap stops its SparkContext):
+    the pass's clean-up cannot unpersist its cached frames, but it must neither
+    replace the error that ended the pass with its own nor leave the staging
+    area behind; the exports written before stay, and a rerun writes them anew.
+    Run in a fresh process, whose Spark it stops."""
+    ds = local_lake.create_dataset("driver_gone")
+    for e in sample_entities()[:6]:
+        ds.add_entity(e)
+    ds.make()
+    before = ds.store.read_bytes(cv.dataset_path(ds.name, cv.ENTITIES_JSON))
+    probe = (
+        "from lakehouse_assets import conventions as cv, faults\n"
+        "from lakehouse_assets.lake import Lakehouse\n"
+        "from lakehouse_assets.spark.session import stop_spark\n"
+        f"ds = Lakehouse().dataset({ds.name!r})\n"
+        "KINDS = ['statements', 'entities', 'statistics']\n"
+        "def driver_gone():\n"
+        "    stop_spark()\n"
+        "    raise RuntimeError('the driver is gone')\n"
+        "try:\n"
+        "    with faults.on('export.after_parts', driver_gone):\n"
+        "        ds.export(KINDS, force=True)\n"
+        "except RuntimeError as exc:\n"
+        "    print('raised:', exc)\n"
+        "staged = ds.store.list_dirs(cv.dataset_path(ds.name, cv.STAGING))\n"
+        "print('staged:', len(staged))\n"
+        "print('rerun:', ','.join(sorted(ds.export(KINDS, force=True).written)))\n"
+    )
+    done = run_python(probe, env=lakehouse_env(local_lake), check=False, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "raised: the driver is gone",
+        "staged: 0",
+        "rerun: entities,statements,statistics",
+    ], done.stdout
+    assert ds.store.read_bytes(cv.dataset_path(ds.name, cv.ENTITIES_JSON)) == before
+
+
 def test_index_takes_the_checksums_the_export_pass_computed(
     spark,  # type: ignore[no-untyped-def]
     local_lake: Lakehouse,
