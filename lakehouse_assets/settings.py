@@ -121,12 +121,14 @@ class Settings(BaseSettings):
         description="spark.driver.memory (local[*]: the whole local Spark; it spills beyond).",
     )
     spark_driver_java_options: str = Field(
-        # Parallel, not the JVM's default G1: on these 2 cores, A/B on two warm
-        # servers (alternating, each GC on either port): kek flush -0..11%,
-        # exports -4..13%; 1M exports -13%, flush -10%, optimize +4%; the
-        # same peak memory (1.62 vs 1.65 GB). Throughput over pause times:
-        # a Spark job here is batch work on a heap of 1g.
-        default="-XX:+UseParallelGC",
+        # G1, named (a JVM on one CPU would pick the serial collector). The
+        # parallel collector was faster on these 2 cores (kek flush -0..11%,
+        # exports -4..13%, 1M exports -13%) but a 10M export ran out of heap
+        # with it at the default 1g: its old generation is a fixed two thirds
+        # of the heap, and caching a partition of the entities frame builds
+        # column buffers of 100+ MB that G1 places as humongous regions.
+        # Robust at every size before a few percent at small ones.
+        default="-XX:+UseG1GC",
         description="JVM options of the Spark driver (in-process Spark and the local "
         "Connect server), after the lakehouse's own (logging, temp folder).",
     )

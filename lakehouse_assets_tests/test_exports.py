@@ -546,13 +546,13 @@ def test_ranged_coalesces_only_a_small_input_wanted_in_one_partition(
 
 def test_the_spark_driver_runs_with_the_configured_java_options(spark) -> None:  # type: ignore[no-untyped-def]
     """The driver JVM, in process or the Connect server the fixture started,
-    gets ``spark_driver_java_options`` (the parallel collector by default)
-    after the lakehouse's own options."""
+    gets ``spark_driver_java_options`` (G1, named, by default) after the
+    lakehouse's own options."""
     options = spark.conf.get("spark.driver.extraJavaOptions") or ""
     from lakehouse_assets.settings import Settings
 
     wanted = Settings().spark_driver_java_options
-    assert wanted == "-XX:+UseParallelGC"
+    assert wanted == "-XX:+UseG1GC"
     assert options.endswith(wanted) and "-XX:-UsePerfData" in options, options
 
 
