@@ -1381,8 +1381,9 @@ def spark_start(obj: Context, port: int | None) -> None:
 def spark_prepare(obj: Context, force: bool) -> None:
     """Build the JVM's class archive of Spark, once per install: every Spark
     start after it (in-process, or the local server) loads its classes from
-    the archive, about 3 s faster. `make install` runs it; it takes about a
-    minute and about 190 MB under LAKEHOUSE_CACHE_DIR/jvm/.
+    the archive, about 3 s faster. The Makefile's java step (make demo, test,
+    ui) runs it; it takes about a minute and about 190 MB under
+    LAKEHOUSE_CACHE_DIR/jvm/.
 
     \b
     Example:

@@ -46,6 +46,7 @@ from followthemoney.types.common import PropertyType
 from followthemoney.util import const_case
 
 from lakehouse_assets import conventions as cv
+from lakehouse_assets.freshness import graph_exports_fresh
 from lakehouse_assets.storage import LocalStore
 
 if TYPE_CHECKING:
@@ -766,19 +767,12 @@ def write_cypher(ds: Dataset, out: TextIO, *, ftm_compatible: bool = False) -> d
     return {"entities": count}
 
 
-def is_fresh(ds: Dataset) -> bool:
-    """The spec's freshness rule: newer than the entities export they are made of."""
-    from lakehouse_assets.freshness import graph_exports_fresh
-
-    return graph_exports_fresh(ds)
-
-
 def export_graph(ds: Dataset, *, force: bool = False) -> dict[str, Any]:
     """Write ``graph.cypher``, ``graph.graphml`` and the Neo4j bulk CSVs from the
     entities export, unless they are fresh. Each file is written beside the lake
     and then moved (or uploaded) whole, so a crash leaves the previous one;
     Neo4j files of schemata no longer present are removed after."""
-    if not force and is_fresh(ds):
+    if not force and graph_exports_fresh(ds):
         return {"skipped": "fresh"}
     read = ds.core_tags.get(cv.EXPORTS_ENTITIES)
     written: dict[str, Any] = {}

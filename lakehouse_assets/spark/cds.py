@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -39,12 +38,12 @@ from pathlib import Path
 
 from lakehouse_assets.errors import ConfigurationError
 from lakehouse_assets.settings import Settings
+from lakehouse_assets.spark.java import java_executable
 
 
 def _java() -> Path | None:
-    home = os.environ.get("JAVA_HOME")
-    exe = os.path.join(home, "bin", "java") if home else shutil.which("java")
-    return Path(exe).resolve() if exe and os.path.exists(exe) else None
+    exe = java_executable()
+    return Path(exe).resolve() if exe else None
 
 
 def _pyspark_version() -> str:

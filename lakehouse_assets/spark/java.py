@@ -13,11 +13,17 @@ MIN_JAVA = 17
 INSTALL_HINT = "install Java 17: apt-get install openjdk-17-jre-headless"
 
 
-def java_version() -> int | None:
-    """The major version of the ``java`` Spark will use, or None if absent."""
+def java_executable() -> str | None:
+    """The ``java`` Spark will use (``$JAVA_HOME/bin/java``, else the PATH's), or None."""
     home = os.environ.get("JAVA_HOME")
     exe = os.path.join(home, "bin", "java") if home else shutil.which("java")
-    if not exe or not os.path.exists(exe):
+    return exe if exe and os.path.exists(exe) else None
+
+
+def java_version() -> int | None:
+    """The major version of the ``java`` Spark will use, or None if absent."""
+    exe = java_executable()
+    if exe is None:
         return None
     try:
         out = subprocess.run([exe, "-version"], capture_output=True, text=True, timeout=30)
