@@ -882,6 +882,10 @@ class Queue:
             extra = dict(payload.extra)
             if payload.document:
                 extra[DOCUMENT_MARK] = True
+            access = SourceAccess.for_queue(ds.settings, ds.store, dataset=self.name)
+            source = local_path(payload.uri)
+            if source is not None:  # the policy first: no word on a link's target outside it
+                access.check_path(source, payload.uri)
             meta = ds.add_file(
                 payload.uri,
                 checksum=payload.checksum,
@@ -891,7 +895,7 @@ class Queue:
                 mimetype=payload.mimetype,
                 extra=extra,
                 follow_symlinks=False,
-                access=SourceAccess.for_queue(ds.settings, ds.store, dataset=self.name),
+                access=access,
             )
             if payload.document:
                 doc = document_entity(meta)
