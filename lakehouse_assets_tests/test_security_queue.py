@@ -179,3 +179,23 @@ def test_cli_get_and_trace_of_a_non_utf8_argument(local_lake: Lakehouse) -> None
         assert res.returncode == 1, err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1
         assert "not valid UTF-8" in err
+
+
+def test_cli_reports_invalid_queue_folders(local_lake: Lakehouse) -> None:
+    """``queue consume``, ``queue ls`` and ``status`` name what is never consumed."""
+    from click.testing import CliRunner
+
+    from lakehouse_assets.cli import cli
+
+    ds = local_lake.create_dataset("cli_invalid")
+    ds.store.write_bytes(f"{cv.queue_prefix(ds.name)}Bad/{uuid7()}.json", b"{}")
+    runner = CliRunner()
+    args = cli_args(ds)
+    consumed = runner.invoke(cli, [*args, "queue", "consume", "--json"])
+    assert consumed.exit_code == 0, consumed.output
+    assert json.loads(consumed.stdout)["invalid"][0]["folder"].endswith("/queue/Bad")
+    assert "invalid cli_invalid/queue/Bad: 1 file(s)" in consumed.stderr
+    listed = runner.invoke(cli, [*args, "queue", "ls", "--json"])
+    assert json.loads(listed.stdout)["state"] == "invalid"
+    status = runner.invoke(cli, [*args, "status"])
+    assert "never consumed: cli_invalid/queue/Bad" in status.stdout
