@@ -284,8 +284,9 @@ def _open_error(exc: OSError, uri: str, access: SourceAccess) -> Exception:
     return access.refuse(uri, f"cannot be read: {exc.strerror}")
 
 
-def read_regular(path: Path) -> bytes | None:
-    """The bytes of a file that is itself a regular file, never a symlink's target.
+def read_regular(path: Path, limit: int | None = None) -> bytes | None:
+    """The bytes (at most ``limit``) of a file that is itself a regular file,
+    never a symlink's target.
 
     None if ``path`` is a symlink or not a regular file (a queue item planted
     as a link is reported, its target never read). ``FileNotFoundError`` if
@@ -306,7 +307,7 @@ def read_regular(path: Path) -> bytes | None:
         os.close(fd)
         raise
     with os.fdopen(fd, "rb") as fh:
-        return fh.read()
+        return fh.read() if limit is None else fh.read(limit)
 
 
 __all__ = ["SourceAccess", "local_path", "read_regular", "sqlite_file"]

@@ -149,6 +149,9 @@ QUEUE_POINTS: Final = ("queue.after_apply", "queue.after_mark")
 #: How far an item's ``created_at`` may differ from the time in its id, and
 #: that time lie ahead of the consumer's clock (pushers on other hosts).
 MAX_CLOCK_SKEW: Final = timedelta(minutes=5)
+#: The largest queue item read (an item is one entity or file reference; a
+#: bigger file is set aside unread, and push refuses to write one).
+MAX_ITEM_BYTES: Final = 64 * 1024 * 1024
 #: The longest URI, key, name and media type a file UPSERT may carry.
 TEXT_LIMITS: Final = {"uri": 4096, "key": 4096, "name": 1024, "mimetype": 255}
 
@@ -521,6 +524,12 @@ class Queue:
                 raise InvalidInputError(
                     f"{act} {res} payload is not valid Unicode text: {exc}", dataset=self.name
                 ) from None
+            if len(body) > MAX_ITEM_BYTES:
+                raise InvalidInputError(
+                    f"{act} {res} payload: the item would be {len(body):,} bytes, more than "
+                    f"the queue reads ({MAX_ITEM_BYTES // 2**20} MiB)",
+                    dataset=self.name,
+                )
             if self.store.put_if_absent(cv.queue_item(self.name, who, item.id), body):
                 return item
         raise ConcurrentWriteError(  # pragma: no cover - five UUIDv7 collisions in a row
@@ -574,12 +583,17 @@ class Queue:
         return self._folders()[1]
 
     def _read(self, path: str) -> bytes | None:
-        """A pending file's bytes; None if it is a symlink or no regular file (a
-        local lake): its target is never read. ``SourceNotFoundError`` if gone."""
+        """A pending file's bytes (at most ``MAX_ITEM_BYTES + 1``); None if it is a
+        symlink or no regular file (a local lake): its target is never read.
+        ``SourceNotFoundError`` if gone."""
         if not isinstance(self.store, LocalStore):
-            return self.store.read_bytes(path)
+            body = self.store.open_read(path)
+            try:
+                return body.read(MAX_ITEM_BYTES + 1)
+            finally:
+                body.close()
         try:
-            return read_regular(self.store.local_path(path))
+            return read_regular(self.store.local_path(path), MAX_ITEM_BYTES + 1)
         except FileNotFoundError:
             raise SourceNotFoundError(f"Not found in lake {self.store.uri}: {path}") from None
 
@@ -659,7 +673,7 @@ class Queue:
                 result=record.get("result"),
                 at=datetime.fromisoformat(at) if isinstance(at, str) else None,
             )
-        except (ValueError, AttributeError) as exc:
+        except (ValueError, AttributeError, RecursionError) as exc:
             return Entry(stem, tenant, "failed", None, error=f"unreadable record {path}: {exc}")
 
     def _parse(self, raw: bytes | None, slot: _Slot) -> QueueItem:
@@ -673,12 +687,16 @@ class Queue:
             raise bad("not a queue item: a symlink or not a regular file (its target was not read)")
         if slot.id is None:
             raise bad("not a queue item: its name is not {uuid7}.json")
+        if len(raw) > MAX_ITEM_BYTES:
+            raise bad(f"not a queue item: larger than {MAX_ITEM_BYTES // 2**20} MiB (not read)")
         try:
             data = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise bad(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
         except json.JSONDecodeError as exc:
             raise bad(f"not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+        except RecursionError:
+            raise bad("not a queue item: its JSON is nested too deeply") from None
         try:
             item = QueueItem.model_validate(data)
         except ValidationError as exc:
@@ -821,9 +839,11 @@ class Queue:
         """Move a bad item to ``_failed/`` with its error (its content kept as text;
         a symlink's target is never read, so never copied: ``raw`` is None)."""
         record_id = slot.id or uuid7()
+        if raw is not None and len(raw) > MAX_ITEM_BYTES:
+            raw = None  # not copied: the record says why
         try:
             item: Any = None if raw is None else json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             item = None
         record = {
             "id": record_id,

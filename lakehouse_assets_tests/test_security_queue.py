@@ -20,7 +20,8 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import InvalidInputError, InvalidNameError
 from lakehouse_assets.journal import journal_table
 from lakehouse_assets.lake import Dataset, Lakehouse
-from lakehouse_assets.queue import MAX_CLOCK_SKEW, uuid7
+from lakehouse_assets.queue import MAX_CLOCK_SKEW, MAX_ITEM_BYTES, uuid7
+from lakehouse_assets.storage import LocalStore
 from lakehouse_assets_tests.conftest import cli_args, lakehouse_env
 
 
@@ -163,6 +164,32 @@ def test_planted_items_with_bad_ids_are_set_aside(lake: Lakehouse) -> None:
     assert set(errors) == {long_id, surrogate, bad_key} and result.applied == 0
     assert "at most 1024" in errors[long_id]
     assert "not valid UTF-8" in errors[surrogate] and "not valid UTF-8" in errors[bad_key]
+
+
+def test_deep_and_huge_planted_items_are_set_aside_not_crashing(lake: Lakehouse) -> None:
+    """JSON nested 100,000 deep (a RecursionError in the parser) and, on the local
+    lake, an item over ``MAX_ITEM_BYTES``: set aside with the reason, unread
+    beyond the limit and not copied; the queue goes on."""
+    ds = lake.create_dataset("deep")
+    deep = uuid7()
+    ds.store.write_bytes(cv.queue_item(ds.name, "evil", deep), b"[" * 100_000)
+    huge = None
+    if isinstance(ds.store, LocalStore):
+        huge = uuid7()
+        path = ds.store.local_path(cv.queue_item(ds.name, "evil", huge))
+        with path.open("wb") as fh:
+            fh.truncate(MAX_ITEM_BYTES + 10)  # sparse: all zero bytes
+    good = ds.queue.push("UPSERT", "entity", person("fine"), tenant="app")
+
+    result = ds.queue.consume()
+
+    errors = {f["id"]: f["error"] for f in result.failed}
+    assert "nested too deeply" in errors[deep]
+    if huge is not None:
+        assert "larger than 64 MiB" in errors[huge]
+        record = json.loads(ds.store.read_bytes(cv.queue_failed(ds.name, "evil", huge)))
+        assert record["raw"] is None
+    assert [i["id"] for i in result.items if i["outcome"] == "applied"] == [good.id]
 
 
 def test_cli_get_and_trace_of_a_non_utf8_argument(local_lake: Lakehouse) -> None:
