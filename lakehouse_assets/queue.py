@@ -246,7 +246,7 @@ class _Payload(BaseModel):
     @classmethod
     def _text(cls, value: str | None, info: ValidationInfo) -> str | None:
         name = info.field_name or "text"
-        return None if value is None else cv.text(value, name, TEXT_LIMITS[name])
+        return None if value is None else cv.text(value, name, TEXT_LIMITS.get(name, 4096))
 
 
 class EntityUpsert(_Payload):
