@@ -26,6 +26,7 @@ from typing import IO, Any
 from pydantic import BaseModel, Field
 
 from lakehouse_assets import conventions as cv
+from lakehouse_assets.access import SourceAccess
 from lakehouse_assets.errors import (
     ChecksumMismatchError,
     InvalidInputError,
@@ -83,6 +84,7 @@ class Archive:
         name: str | None = None,
         mimetype: str | None = None,
         extra: dict[str, Any] | None = None,
+        access: SourceAccess | None = None,
     ) -> FileMeta:
         """Archive the file at ``uri`` and return its metadata.
 
@@ -91,7 +93,12 @@ class Archive:
             checksum: expected SHA-256; a mismatch raises and stores nothing.
             file_id: explicit metadata id (default: derived from ``key``).
             key: the path the tenant knows the file by (default: ``uri``).
+            access: which sources may be read (default: a trusted caller's,
+                :meth:`SourceAccess.for_caller`: local files under the current
+                directory and ``LAKEHOUSE_SOURCE_ROOTS``; see :mod:`access`).
         """
+        if access is None:
+            access = SourceAccess.for_caller(self.settings, self.store, dataset=self.dataset)
         if checksum is not None:
             checksum = cv.checksum(checksum.lower())
         key = key or uri
@@ -100,7 +107,7 @@ class Archive:
         size = 0
         fd, staging = self._stage()
         try:
-            with os.fdopen(fd, "wb") as out, open_source(uri, self.settings) as src:
+            with os.fdopen(fd, "wb") as out, open_source(uri, self.settings, access) as src:
                 while chunk := src.read(CHUNK):
                     digest.update(chunk)
                     out.write(chunk)

@@ -605,10 +605,12 @@ def status_cmd(obj: Context, as_json: bool) -> None:
             operations[f"{tenant}/{operation}"] = held.describe()
     head = ds.version()
     latest = main.version() if main is not None else None
+    queue_invalid = ds.queue.invalid()
     report = {
         "dataset": ds.name,
         "journal_pending": pending,
         "queue_pending": ds.queue.pending_count(),
+        "queue_invalid": queue_invalid,
         "statements_version": {"published": snapshot.statements.version, "latest": latest},
         "translog_version": snapshot.translog.version,
         "version": None if head is None else {"sequence": head.sequence, "hash": head.hash},
@@ -623,6 +625,8 @@ def status_cmd(obj: Context, as_json: bool) -> None:
     click.echo(f"dataset {ds.name}")
     click.echo(f"  journal: {pending} rows waiting for a flush")
     click.echo(f"  queue: {report['queue_pending']} actions waiting")
+    for invalid in queue_invalid:
+        click.echo(f"  queue: never consumed: {invalid['folder']} ({invalid['error']})")
     click.echo(
         f"  statements table: v{snapshot.statements.version} published"
         f" (latest v{latest}); translog v{snapshot.translog.version}"
@@ -1731,6 +1735,8 @@ def queue_consume(obj: Context, limit: int | None, wait: float, as_json: bool) -
         )
     for failed in result.failed:
         click.echo(f"failed {failed['tenant']}/{failed['id']}: {failed['error']}", err=True)
+    for invalid in result.invalid:
+        click.echo(f"invalid {invalid['folder']}: {invalid['error']}", err=True)
     if result.stopped:
         raise click.ClickException(
             f"the queue stopped at {result.stopped}; the item stays pending: consume again later"

@@ -144,6 +144,38 @@ def origin(value: object) -> str:
     )
 
 
+def text(value: object, kind: str, limit: int) -> str:
+    """Validate a text given as input that is stored or looked up as is: a
+    non-empty string of valid Unicode (no lone surrogate, such as the one
+    Python makes of a non-UTF-8 byte of a command-line argument: it could not
+    be stored, hashed nor sent to a journal), no NUL, at most ``limit``
+    characters."""
+    if not isinstance(value, str) or not value:
+        raise InvalidNameError(f"Invalid {kind} {value!r}: must be a non-empty string")
+    shown = value if len(value) <= 80 else value[:80] + "…"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidNameError(
+            f"Invalid {kind} {shown!r}: not valid UTF-8 ({exc.reason} at character "
+            f"{exc.start}; a non-UTF-8 byte in a command-line argument makes one)"
+        ) from None
+    if "\x00" in value:
+        raise InvalidNameError(f"Invalid {kind} {shown!r}: contains a NUL character")
+    if len(value) > limit:
+        raise InvalidNameError(
+            f"Invalid {kind} {shown!r}: {len(value)} characters long (at most {limit})"
+        )
+    return value
+
+
+def entity_id(value: object, kind: str = "entity id") -> str:
+    """Validate an entity id (or a statement id) given as input: the one rule of
+    every entry point (CLI, Python API, queue) before anything is looked up or
+    stored: :func:`text` with the journal's limit, ``FIELD_LIMITS["entity_id"]``."""
+    return text(value, kind, FIELD_LIMITS["entity_id"])
+
+
 def queue_item_id(value: object) -> str:
     """Validate a queue item id (a lowercase UUIDv7)."""
     return _check("queue item id", value, QUEUE_ITEM_ID, "expected a lowercase UUIDv7")

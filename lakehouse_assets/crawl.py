@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lakehouse_assets import conventions as cv
+from lakehouse_assets.access import SourceAccess, local_path
 from lakehouse_assets.archive import FileMeta, make_file_id
 from lakehouse_assets.errors import InvalidInputError, SourceNotFoundError
-from lakehouse_assets.sources import local_path
 from lakehouse_assets.storage import LocalStore, S3Store, Store
 
 if TYPE_CHECKING:
@@ -71,17 +71,21 @@ class CrawlResult:
         }
 
 
-def source_store(uri: str, ds: Dataset) -> Store:
-    """A store rooted at the crawl source (it must exist; nothing is created)."""
+def source_store(uri: str, ds: Dataset, access: SourceAccess) -> Store:
+    """A store rooted at the crawl source (it must exist; nothing is created).
+
+    A local folder must resolve (every symlink of its path followed) under
+    the roots ``access`` allows; each file is checked again when it is read.
+    """
     if uri.startswith("s3://"):
+        access.check_remote(uri)
         return S3Store(uri, ds.settings)
     path = local_path(uri)
     if path is None:
         raise InvalidInputError(
             f"[dataset {ds.name!r}] cannot crawl {uri!r}: use a local folder, file:// or s3://"
         )
-    if not path.is_dir():
-        raise SourceNotFoundError(f"[dataset {ds.name!r}] crawl source is not a folder: {uri}")
+    access.folder(path, uri)
     return LocalStore(path)
 
 
@@ -136,12 +140,15 @@ def crawl(
 
     A symlink whose target lies outside a local source folder is skipped (and
     listed in the job record) unless ``follow_symlinks``: a crawl archives
-    the tree it was pointed at, not whatever a link in it reaches.
+    the tree it was pointed at, not whatever a link in it reaches. Even
+    followed, a link is read only if its target lies under the allowed
+    source roots (:meth:`SourceAccess.for_caller`); the folder itself must.
     """
     from lakehouse_assets.lake import DOCUMENT_MARK, document_entity
 
     clock = time.monotonic()
-    store = source_store(source_uri, ds)
+    access = SourceAccess.for_caller(ds.settings, ds.store, dataset=ds.name)
+    store = source_store(source_uri, ds, access)
     result = CrawlResult(source=store.full_uri())
     with ds.job(CRAWL_JOB) as job:
         job.run.stats = {**result.as_dict(), "prefix": prefix, "glob": glob, "exclude": exclude}
@@ -172,7 +179,9 @@ def crawl(
             else:
                 try:
                     extra = {DOCUMENT_MARK: True, FINGERPRINT: store.fingerprint(path)}
-                    meta = ds.archive.put(uri, key=path, name=Path(path).name, extra=extra)
+                    meta = ds.archive.put(
+                        uri, key=path, name=Path(path).name, extra=extra, access=access
+                    )
                 except Exception as exc:  # noqa: BLE001
                     # one bad file must not end the crawl: record it and go on
                     result.failed += 1

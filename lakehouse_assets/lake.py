@@ -441,6 +441,7 @@ class Dataset:
         """Live statements of an entity: in the Delta table and still in the journal."""
         from lakehouse_assets.query import live_statements, to_statements
 
+        cv.entity_id(entity_id)
         found: dict[tuple[str | None, str | None], Statement] = {}
         table = live_statements(self, entity_ids=[entity_id])
         for stmt in to_statements(table):
@@ -518,6 +519,8 @@ class Dataset:
         ``schemata`` is read from the tables, ``q`` (ftmq) checked on each entity."""
         from lakehouse_assets.query import query
 
+        for entity_id in entity_ids or ():
+            cv.entity_id(entity_id)
         return query(
             self,
             q,
@@ -538,6 +541,7 @@ class Dataset:
     ) -> StatementEntity | None:
         from lakehouse_assets.query import get_entity
 
+        cv.entity_id(entity_id)
         return get_entity(self, entity_id, origin=origin, flush=flush, as_of=as_of)
 
     def stream_entities(self, as_of: str | int | None = None) -> Iterator[dict[str, Any]]:
@@ -568,6 +572,7 @@ class Dataset:
         """Provenance of an entity's statements (or of one statement, by its id)."""
         from lakehouse_assets.versions import trace
 
+        cv.entity_id(key, "entity or statement id")
         return trace(self, key)
 
     def export_as_of(self, as_of: str | int, kind: str, out: IO[bytes]) -> int:

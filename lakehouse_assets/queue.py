@@ -59,6 +59,28 @@ id than its path, or carries an invalid entity or name is moved to
 pass (``retryable``: an unreachable source, a lost lock) stops the consume
 before that item, which stays pending and first in line.
 
+**Hostile items.** Items come from tenants, so the consumer trusts none of
+their content:
+
+* a file UPSERT reads a local path only under ``LAKEHOUSE_SOURCE_ROOTS``
+  (none by default: refused), resolved with every symlink followed, and never
+  ``/proc``, ``/sys``, ``/dev`` nor the lake's own files and journal
+  (:meth:`SourceAccess.for_queue`); the item is set aside with the reason,
+  never with the file's bytes;
+* an item file that is a symlink (or no regular file) is set aside without
+  its target being read: the record says so and the link is removed;
+* an item's ``created_at`` becomes its statements' first/last seen, so it
+  must match the time in its UUIDv7 id within :data:`MAX_CLOCK_SKEW`, and
+  that time must not lie further ahead of the consumer's clock: a planted
+  item cannot date statements into the future;
+* anything under ``queue/`` that is not a tenant's folder (an invalid name,
+  a symlink, a stray file) is never consumed nor followed, and is reported as
+  ``invalid`` by :meth:`Queue.consume`, :meth:`Queue.list` and
+  :meth:`Queue.invalid`;
+* every id and text an item names is checked as at every other entry point
+  (:func:`conventions.entity_id`, :func:`conventions.text`), when pushed and
+  again when consumed.
+
 Example:
     >>> item = ds.queue.push("UPSERT", "entity", {"id": "p1", "schema": "Person",
     ...                                          "properties": {"name": ["Ann"]}})
@@ -78,24 +100,35 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, cast, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticSerializationError
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults
+from lakehouse_assets.access import SourceAccess, read_regular
 from lakehouse_assets.catalog import describe_errors
 from lakehouse_assets.entities import entity_statements, validate_entity
 from lakehouse_assets.errors import (
     ConcurrentWriteError,
     InvalidInputError,
+    InvalidNameError,
     LakehouseError,
     SourceNotFoundError,
 )
 from lakehouse_assets.journal import Row, Write, iso, statement_row
 from lakehouse_assets.sources import local_path
+from lakehouse_assets.storage import LocalStore
 
 if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset
@@ -104,7 +137,7 @@ log = logging.getLogger(__name__)
 
 Action = Literal["UPSERT", "DELETE"]
 Resource = Literal["entity", "file"]
-State = Literal["pending", "done", "failed"]
+State = Literal["pending", "done", "failed", "invalid"]
 ACTIONS: Final[tuple[str, ...]] = get_args(Action)
 RESOURCES: Final[tuple[str, ...]] = get_args(Resource)
 STATES: Final[tuple[str, ...]] = get_args(State)
@@ -113,6 +146,14 @@ STATES: Final[tuple[str, ...]] = get_args(State)
 LOCK_OPERATION: Final = "queue"
 #: Where a consume may die between two durable states (see :mod:`faults`).
 QUEUE_POINTS: Final = ("queue.after_apply", "queue.after_mark")
+#: How far an item's ``created_at`` may differ from the time in its id, and
+#: that time lie ahead of the consumer's clock (pushers on other hosts).
+MAX_CLOCK_SKEW: Final = timedelta(minutes=5)
+#: The largest queue item read (an item is one entity or file reference; a
+#: bigger file is set aside unread, and push refuses to write one).
+MAX_ITEM_BYTES: Final = 64 * 1024 * 1024
+#: The longest URI, key, name and media type a file UPSERT may carry.
+TEXT_LIMITS: Final = {"uri": 4096, "key": 4096, "name": 1024, "mimetype": 255}
 
 
 # --- UUIDv7 -------------------------------------------------------------------
@@ -152,9 +193,18 @@ def uuid7() -> str:
 
 
 def uuid7_time(item_id: str) -> datetime:
-    """The time a UUIDv7 was made (millisecond precision, UTC)."""
+    """The time a UUIDv7 was made (millisecond precision, UTC).
+
+    ``InvalidNameError`` for an id whose time lies beyond what a date can say
+    (48 bits of milliseconds reach the year 10889).
+    """
     ms = int(cv.queue_item_id(item_id).replace("-", "")[:12], 16)
-    return datetime.fromtimestamp(ms / 1000, UTC)
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC)
+    except (ValueError, OverflowError, OSError):
+        raise InvalidNameError(
+            f"Invalid queue item id {item_id!r}: its time lies beyond the year 9999"
+        ) from None
 
 
 def write_id(item_id: str) -> str:
@@ -187,12 +237,30 @@ class _Payload(BaseModel):
     def _file_id(cls, value: str | None) -> str | None:
         return None if value is None else cv.file_id(value)
 
+    @field_validator("entity_id", check_fields=False)
+    @classmethod
+    def _entity_id(cls, value: str) -> str:
+        return cv.entity_id(value)
+
+    @field_validator("uri", "key", "name", "mimetype", check_fields=False)
+    @classmethod
+    def _text(cls, value: str | None, info: ValidationInfo) -> str | None:
+        name = info.field_name or "text"
+        return None if value is None else cv.text(value, name, TEXT_LIMITS.get(name, 4096))
+
 
 class EntityUpsert(_Payload):
     """Add or update an entity: its statements go to the journal."""
 
     entity: dict[str, Any]
     origin: str = cv.DEFAULT_ORIGIN
+
+    @field_validator("entity")
+    @classmethod
+    def _entity(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "id" in value:
+            cv.entity_id(value["id"])
+        return value
 
 
 class EntityDelete(_Payload):
@@ -252,6 +320,12 @@ class QueueItem(BaseModel):
     @classmethod
     def _tenant(cls, value: str) -> str:
         return cv.tenant_name(value)
+
+    @field_validator("created_at")
+    @classmethod
+    def _utc(cls, value: datetime) -> datetime:
+        # a time without a zone is UTC, as every time the lake writes
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
     def parsed(self) -> _Payload:
         """The payload as its action's model (``ValidationError`` if it does not fit)."""
@@ -352,6 +426,8 @@ class ConsumeResult:
     recovered: int = 0
     #: items set aside as failed: id, tenant, error
     failed: list[dict[str, str]] = field(default_factory=list)
+    #: entries of queue/ that are no tenant's folder, never consumed: folder, error
+    invalid: list[dict[str, str]] = field(default_factory=list)
     #: pending items left (not reached, or after a stop)
     remaining: int = 0
     #: why the consume stopped early (a retryable error), None if it did not
@@ -365,6 +441,7 @@ class ConsumeResult:
             "applied": self.applied,
             "recovered": self.recovered,
             "failed": self.failed,
+            "invalid": self.invalid,
             "remaining": self.remaining,
             "stopped": self.stopped,
             "items": self.items,
@@ -440,7 +517,19 @@ class Queue:
                 payload=data,
                 created_at=cv.utcnow(),
             )
-            body = item.model_dump_json(indent=2).encode("utf-8")
+            try:
+                body = item.model_dump_json(indent=2).encode("utf-8")
+            except (PydanticSerializationError, UnicodeError) as exc:
+                # a lone surrogate deep in an entity: JSON cannot carry it
+                raise InvalidInputError(
+                    f"{act} {res} payload is not valid Unicode text: {exc}", dataset=self.name
+                ) from None
+            if len(body) > MAX_ITEM_BYTES:
+                raise InvalidInputError(
+                    f"{act} {res} payload: the item would be {len(body):,} bytes, more than "
+                    f"the queue reads ({MAX_ITEM_BYTES // 2**20} MiB)",
+                    dataset=self.name,
+                )
             if self.store.put_if_absent(cv.queue_item(self.name, who, item.id), body):
                 return item
         raise ConcurrentWriteError(  # pragma: no cover - five UUIDv7 collisions in a row
@@ -449,10 +538,64 @@ class Queue:
 
     # --- reading ---------------------------------------------------------
 
+    def _folders(self) -> tuple[builtins.list[str], builtins.list[dict[str, str]]]:
+        """The tenant folders of ``queue/``, and what else is there (never consumed)."""
+        base = cv.queue_prefix(self.name)
+        tenants: list[str] = []
+        invalid: list[dict[str, str]] = []
+        for name in self.store.list_dirs(base):
+            if name in (cv.QUEUE_DONE, cv.QUEUE_FAILED):
+                continue
+            where = f"{base}{name}"
+            kind = self._kind(where)
+            if kind == "link":
+                why = "a symlink: never followed, its target never read; remove it"
+            elif kind == "file":
+                why = "a file outside any tenant folder: never consumed; push it as a tenant"
+            elif not cv.TENANT_NAME.fullmatch(name):
+                count = sum(1 for _ in self.store.list(where + "/"))
+                why = (
+                    f"{count} file(s) under a folder that is not a tenant name "
+                    "(lowercase letters, digits, '_' and '-', max 64 chars): never consumed; "
+                    "move them into a tenant's folder or remove them"
+                )
+            else:
+                tenants.append(name)
+                continue
+            invalid.append({"folder": where, "error": why})
+        return tenants, invalid
+
+    def _kind(self, path: str) -> str:
+        """``link``, ``dir`` or ``file``: what a path of the queue is (never following a link)."""
+        if isinstance(self.store, LocalStore):
+            local = self.store.local_path(path)
+            if local.is_symlink():
+                return "link"
+            return "dir" if local.is_dir() else "file"
+        return "file" if self.store.exists(path) else "dir"
+
     def tenants(self) -> builtins.list[str]:
         """Tenants with a queue folder (pending items or none left)."""
-        names = self.store.list_dirs(cv.queue_prefix(self.name))
-        return [n for n in names if cv.TENANT_NAME.fullmatch(n)]
+        return self._folders()[0]
+
+    def invalid(self) -> builtins.list[dict[str, str]]:
+        """What lies under ``queue/`` that is no tenant's folder: never consumed, reported."""
+        return self._folders()[1]
+
+    def _read(self, path: str) -> bytes | None:
+        """A pending file's bytes (at most ``MAX_ITEM_BYTES + 1``); None if it is a
+        symlink or no regular file (a local lake): its target is never read.
+        ``SourceNotFoundError`` if gone."""
+        if not isinstance(self.store, LocalStore):
+            body = self.store.open_read(path)
+            try:
+                return body.read(MAX_ITEM_BYTES + 1)
+            finally:
+                body.close()
+        try:
+            return read_regular(self.store.local_path(path), MAX_ITEM_BYTES + 1)
+        except FileNotFoundError:
+            raise SourceNotFoundError(f"Not found in lake {self.store.uri}: {path}") from None
 
     def _slots(self, tenant: str | None = None) -> builtins.list[_Slot]:
         """The files of the pending queue: bad names first, then items by id."""
@@ -469,17 +612,26 @@ class Queue:
         return len(self._slots(tenant))
 
     def has_pending(self) -> bool:
+        """Whether a tenant's folder holds anything (what is invalid is not pending)."""
         return any(self.store.list(cv.queue_prefix(self.name, t)) for t in self.tenants())
 
     def list(
         self, tenant: str | None = None, *, state: State | Literal["all"] = "pending"
     ) -> builtins.list[Entry]:
-        """Items by id (UUIDv7: time order), of one tenant or all; pending by default."""
+        """Items by id (UUIDv7: time order), of one tenant or all; pending by default.
+
+        What lies under ``queue/`` outside any tenant's folder is listed with
+        the pending items (all tenants), one entry per folder, as ``invalid``.
+        """
         entries: list[Entry] = []
+        if state in ("pending", "all", "invalid") and tenant is None:
+            for bad in self.invalid():
+                folder = bad["folder"].rsplit("/", 1)[-1]
+                entries.append(Entry(folder, "", "invalid", None, error=bad["error"]))
         if state in ("pending", "all"):
             for slot in self._slots(tenant):
                 try:
-                    item: QueueItem | None = self._parse(self.store.read_bytes(slot.path), slot)
+                    item: QueueItem | None = self._parse(self._read(slot.path), slot)
                     error = None
                 except SourceNotFoundError:
                     continue  # consumed meanwhile
@@ -501,7 +653,10 @@ class Queue:
         """A ``_done`` or ``_failed`` record as an entry."""
         stem = path.rsplit("/", 1)[-1].removesuffix(".json")
         try:
-            record = json.loads(self.store.read_bytes(path))
+            raw = self._read(path)
+            if raw is None:
+                raise ValueError("a symlink or not a regular file (not read)")
+            record = json.loads(raw)
             item = None
             if isinstance(record.get("item"), dict):
                 try:
@@ -518,24 +673,30 @@ class Queue:
                 result=record.get("result"),
                 at=datetime.fromisoformat(at) if isinstance(at, str) else None,
             )
-        except (ValueError, AttributeError) as exc:
+        except (ValueError, AttributeError, RecursionError) as exc:
             return Entry(stem, tenant, "failed", None, error=f"unreadable record {path}: {exc}")
 
-    def _parse(self, raw: bytes, slot: _Slot) -> QueueItem:
+    def _parse(self, raw: bytes | None, slot: _Slot) -> QueueItem:
         """The item in a pending file, or ``InvalidInputError`` saying what is wrong."""
         where = slot.path
 
         def bad(message: str) -> InvalidInputError:
             return InvalidInputError(message, dataset=self.name, source=where)
 
+        if raw is None:
+            raise bad("not a queue item: a symlink or not a regular file (its target was not read)")
         if slot.id is None:
             raise bad("not a queue item: its name is not {uuid7}.json")
+        if len(raw) > MAX_ITEM_BYTES:
+            raise bad(f"not a queue item: larger than {MAX_ITEM_BYTES // 2**20} MiB (not read)")
         try:
             data = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise bad(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
         except json.JSONDecodeError as exc:
             raise bad(f"not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+        except RecursionError:
+            raise bad("not a queue item: its JSON is nested too deeply") from None
         try:
             item = QueueItem.model_validate(data)
         except ValidationError as exc:
@@ -544,6 +705,17 @@ class Queue:
             raise bad(
                 f"the item says id {item.id} of tenant {item.tenant!r}, its path "
                 f"{slot.id} of tenant {slot.tenant!r}"
+            )
+        try:
+            made = uuid7_time(item.id)
+        except InvalidNameError as exc:
+            raise bad(str(exc)) from None
+        if made > cv.utcnow() + MAX_CLOCK_SKEW:
+            raise bad(f"its id says it was made at {made.isoformat()}, in the future")
+        if abs(item.created_at - made) > MAX_CLOCK_SKEW:
+            raise bad(
+                f"created_at {item.created_at.isoformat()} is not the time of its id "
+                f"({made.isoformat()}, within {MAX_CLOCK_SKEW.total_seconds():.0f} s)"
             )
         try:
             item.parsed()
@@ -566,6 +738,9 @@ class Queue:
         lock.acquire(wait=wait)
         try:
             slots = self._slots()
+            result.invalid = self.invalid()
+            for bad in result.invalid:
+                log.warning("queue of %s: %s is %s", self.name, bad["folder"], bad["error"])
             self._forget_finished({s.id for s in slots if s.id})
             done = 0
             for slot in slots:
@@ -604,7 +779,7 @@ class Queue:
             result.items.append({"id": slot.id, "tenant": slot.tenant, "outcome": "recovered"})
             return
         try:
-            raw = self.store.read_bytes(slot.path)
+            raw = self._read(slot.path)
         except SourceNotFoundError:
             return
         try:
@@ -660,19 +835,22 @@ class Queue:
             }
         )
 
-    def _fail(self, slot: _Slot, raw: bytes, error: LakehouseError) -> None:
-        """Move a bad item to ``_failed/`` with its error (its content kept as text)."""
+    def _fail(self, slot: _Slot, raw: bytes | None, error: LakehouseError) -> None:
+        """Move a bad item to ``_failed/`` with its error (its content kept as text;
+        a symlink's target is never read, so never copied: ``raw`` is None)."""
         record_id = slot.id or uuid7()
+        if raw is not None and len(raw) > MAX_ITEM_BYTES:
+            raw = None  # not copied: the record says why
         try:
-            item: Any = json.loads(raw)
-        except ValueError:
+            item: Any = None if raw is None else json.loads(raw)
+        except (ValueError, RecursionError):
             item = None
         record = {
             "id": record_id,
             "tenant": slot.tenant,
             "name": slot.name,
             "item": item if isinstance(item, dict) else None,
-            "raw": raw.decode("utf-8", errors="replace"),
+            "raw": None if raw is None else raw.decode("utf-8", errors="replace"),
             "error": error.reason if isinstance(error, InvalidInputError) else str(error),
             "failed_at": cv.utcnow().isoformat(),
             "consumer": _consumer(),
@@ -724,6 +902,10 @@ class Queue:
             extra = dict(payload.extra)
             if payload.document:
                 extra[DOCUMENT_MARK] = True
+            access = SourceAccess.for_queue(ds.settings, ds.store, dataset=self.name)
+            source = local_path(payload.uri)
+            if source is not None:  # the policy first: no word on a link's target outside it
+                access.check_path(source, payload.uri)
             meta = ds.add_file(
                 payload.uri,
                 checksum=payload.checksum,
@@ -733,6 +915,7 @@ class Queue:
                 mimetype=payload.mimetype,
                 extra=extra,
                 follow_symlinks=False,
+                access=access,
             )
             if payload.document:
                 doc = document_entity(meta)

@@ -7,10 +7,13 @@ working directory, a SQLite journal inside it, and Spark on ``local[*]``.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -173,6 +176,28 @@ class Settings(BaseSettings):
         default=True,
         description="The archive sensor writes a Document entity for each newly archived file.",
     )
+    # --- source files (see lakehouse_assets.access) ---
+    source_roots: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Folders local source files may be read from (LAKEHOUSE_SOURCE_ROOTS: a "
+        "JSON list or paths separated by ':'). A path is resolved with every symlink followed "
+        "before the check. Queued file UPSERTs read local files only under these (unset: a "
+        "queued local path is refused); `archive add`, `crawl` and the Python API also read "
+        "under the current directory. /proc, /sys, /dev, the lake's own folder, its journal, "
+        "lakehouse.env and the cache folder never. Not read from a lake's config.yml: a lake "
+        "cannot widen what its consumer reads.",
+    )
+
+    @field_validator("source_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: object) -> object:
+        """``LAKEHOUSE_SOURCE_ROOTS`` as a JSON list or as ``PATH``-style ``a:b``."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part for part in text.split(os.pathsep) if part.strip()]
+        return value
 
     def resolved_journal_url(self) -> str:
         """The journal URL, defaulting to a durable SQLite file."""

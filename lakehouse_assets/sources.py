@@ -1,7 +1,9 @@
 """Open a source URI for streaming: local path, ``file://``, ``s3://``, ``http(s)://``.
 
 Errors distinguish a source that does not exist (fix the input) from one that
-cannot be reached right now (retry may help).
+cannot be reached right now (retry may help). Which sources may be read at
+all is the caller's :class:`~lakehouse_assets.access.SourceAccess`: every
+source goes through it here, the one place a source is opened.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import IO, cast
 from urllib.parse import unquote, urlparse
 
+from lakehouse_assets.access import SourceAccess, local_path
 from lakehouse_assets.errors import SourceNotFoundError, SourceUnreachableError
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.storage import s3_client, split_s3_uri
@@ -26,25 +29,15 @@ def source_name(uri: str) -> str:
     return Path(unquote(path)).name or parsed.netloc or uri
 
 
-def local_path(uri: str) -> Path | None:
-    """The local path of a plain path or ``file://`` URI, else None."""
-    if uri.startswith("file://"):
-        return Path(unquote(urlparse(uri).path))
-    if "://" in uri:
-        return None
-    return Path(uri).expanduser()
-
-
 @contextmanager
-def open_source(uri: str, settings: Settings) -> Iterator[IO[bytes]]:
-    """A binary stream of a source's content."""
+def open_source(uri: str, settings: Settings, access: SourceAccess) -> Iterator[IO[bytes]]:
+    """A binary stream of a source's content, if ``access`` allows reading it."""
     path = local_path(uri)
     if path is not None:
-        if not path.is_file():
-            raise SourceNotFoundError(f"Source file not found: {uri}")
-        with path.open("rb") as fh:
+        with access.open(path, uri) as fh:
             yield fh
         return
+    access.check_remote(uri)
     scheme = urlparse(uri).scheme
     if scheme == "s3":
         from botocore.exceptions import BotoCoreError, ClientError
@@ -81,3 +74,6 @@ def open_source(uri: str, settings: Settings) -> Iterator[IO[bytes]]:
             yield cast(IO[bytes], resp.raw)
         return
     raise SourceNotFoundError(f"Unsupported source URI scheme {scheme!r}: {uri}")
+
+
+__all__ = ["CHUNK", "local_path", "open_source", "source_name"]

@@ -80,6 +80,18 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
         proc.wait(timeout=10)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def source_roots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Tests archive and queue source files from pytest's temp folders: allow
+    them (``LAKEHOUSE_SOURCE_ROOTS``; without it the queue reads no local file
+    and the CLI and API only the current directory's). Set for the session,
+    before any ``Settings`` is made; tests of the policy set their own."""
+    base = tmp_path_factory.getbasetemp()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LAKEHOUSE_SOURCE_ROOTS", str(base))
+        yield base
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """A real S3-compatible server (moto) on 127.0.0.1."""

@@ -30,7 +30,8 @@ ACTIVE = [
 
 @dg.op(
     description="Apply the dataset's pending queue items of every tenant, in UUID7 order, "
-    "exactly once; bad items are set aside under queue/_failed/."
+    "exactly once; bad items are set aside under queue/_failed/, what lies outside any "
+    "tenant's folder is reported as invalid."
 )
 def apply_queue_items(
     context: dg.OpExecutionContext, lakehouse: LakehouseResource
@@ -43,15 +44,21 @@ def apply_queue_items(
         return dg.Output(0, metadata={"skipped": str(exc)})
     for failed in result.failed:
         context.log.warning("set aside %s/%s: %s", failed["tenant"], failed["id"], failed["error"])
+    for invalid in result.invalid:
+        context.log.warning("never consumed: %s is %s", invalid["folder"], invalid["error"])
     metadata: dict[str, dg.RawMetadataValue] = {
         "applied": result.applied,
         "recovered": result.recovered,
         "failed": len(result.failed),
+        "invalid": len(result.invalid),
         "remaining": result.remaining,
         "seconds": round(result.seconds, 2),
     }
     if result.failed:
         metadata["failed_items"] = dg.MetadataValue.json(result.failed)
+    if result.invalid:
+        # not a tenant's folder (a bad name, a symlink, a stray file): an operator's job
+        metadata["invalid_folders"] = dg.MetadataValue.json(result.invalid)
     if result.stopped:
         raise dg.Failure(
             description=f"the queue of {ds.name} stopped: {result.stopped}", metadata=metadata

@@ -1,0 +1,313 @@
+"""Which files a source URI may name: the one file-access policy of the lakehouse.
+
+Everything that reads a source the caller names (``archive add``, ``crawl``,
+queued file UPSERTs, the Python API's :meth:`Archive.put`) goes through a
+:class:`SourceAccess`:
+
+* a remote source (``s3://``, ``http(s)://``) is read as given, except an
+  ``s3://`` key inside the lake's own prefix (another dataset's files);
+* a local path is resolved with **every** symlink component followed
+  (``os.path.realpath``) and must then lie under one of the allowed roots:
+  ``LAKEHOUSE_SOURCE_ROOTS`` (:attr:`Settings.source_roots`) and, for a
+  trusted caller (the CLI, the Python API, a Dagster crawl), the current
+  directory tree. The queue is not a trusted caller: its items come from
+  tenants, so it reads only under the configured roots (none by default:
+  a queued local path is refused);
+* never, whatever the roots: ``/proc``, ``/sys``, ``/dev`` (and any file on
+  those file systems), the local lake's own folder, its journal (SQLite file
+  and its ``-wal``/``-shm``/``-journal``), ``lakehouse.env`` and the cache
+  folder, and anything that is not a regular file.
+
+The check and the read cannot be raced apart: the resolved path is opened
+one component at a time with ``O_NOFOLLOW`` (a component turned into a
+symlink after the check fails the open), the file is opened non-blocking (a
+FIFO swapped in does not hang), and ``fstat`` must show the same regular
+file the check saw. Errors name the URI the caller gave and the rule it
+broke; they never say where a symlink points nor carry the file's bytes,
+and a path outside the roots is refused before its existence is looked at.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Final, Literal
+from urllib.parse import unquote, urlparse
+
+from lakehouse_assets.errors import InvalidInputError, SourceNotFoundError
+from lakehouse_assets.settings import Settings
+from lakehouse_assets.storage import LocalStore, S3Store, Store, split_s3_uri
+
+#: Trees no source is ever read from: kernel and device interfaces.
+SYSTEM_TREES: Final = (Path("/proc"), Path("/sys"), Path("/dev"))
+#: The files SQLite keeps beside a database.
+SQLITE_SUFFIXES: Final = ("", "-wal", "-shm", "-journal")
+#: The settings file of a working folder (it may hold S3 keys).
+ENV_FILE: Final = "lakehouse.env"
+
+Caller = Literal["queue", "caller"]
+
+_DIR_FLAGS: Final = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW
+_FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def local_path(uri: str) -> Path | None:
+    """The local path of a plain path or ``file://`` URI, else None."""
+    if uri.startswith("file://"):
+        return Path(unquote(urlparse(uri).path))
+    if "://" in uri:
+        return None
+    return Path(uri).expanduser()
+
+
+def sqlite_file(journal_url: str) -> Path | None:
+    """The database file of a SQLite journal URL (None: not SQLite, or in memory)."""
+    if not journal_url.startswith("sqlite"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    try:
+        database = make_url(journal_url).database
+    except Exception:  # noqa: BLE001 - an unparsable URL names no file to protect
+        return None
+    if not database or database == ":memory:":
+        return None
+    if database.startswith("file:"):  # SQLite URI form: file:path?mode=...
+        database = unquote(urlparse(database).path)
+        if not database:
+            return None
+    return Path(database).expanduser()
+
+
+def _inside(path: Path, trees: Iterable[Path]) -> bool:
+    return any(path == tree or path.is_relative_to(tree) for tree in trees)
+
+
+def _real(path: Path) -> Path:
+    """``path`` absolute with every symlink of it followed (missing parts kept as given)."""
+    return Path(os.path.realpath(path.expanduser().absolute()))
+
+
+@dataclass(frozen=True)
+class SourceAccess:
+    """The allowed roots of one kind of caller, and what no caller may read.
+
+    Build it with :meth:`for_caller` or :meth:`for_queue`; every path in it
+    is resolved already.
+    """
+
+    #: who reads: ``queue`` (tenants' items) or ``caller`` (CLI, API)
+    caller: Caller
+    #: folders local sources may lie under
+    roots: tuple[Path, ...]
+    #: trees never read (system trees, the local lake, the cache folder)
+    never_trees: tuple[Path, ...]
+    #: single files never read (the journal and its side files, lakehouse.env)
+    never_files: tuple[Path, ...]
+    #: ``(bucket, prefix)`` of an s3:// lake: its keys are never a source
+    lake_s3: tuple[str, str] | None = None
+    #: the dataset the reads are for (named in errors)
+    dataset: str | None = None
+
+    @classmethod
+    def for_caller(
+        cls, settings: Settings, store: Store | None = None, *, dataset: str | None = None
+    ) -> SourceAccess:
+        """A trusted caller's access: the current directory tree and the configured roots."""
+        return cls._build("caller", [Path.cwd(), *settings.source_roots], settings, store, dataset)
+
+    @classmethod
+    def for_queue(
+        cls, settings: Settings, store: Store | None = None, *, dataset: str | None = None
+    ) -> SourceAccess:
+        """The queue's access: the configured roots only (none by default)."""
+        return cls._build("queue", list(settings.source_roots), settings, store, dataset)
+
+    @classmethod
+    def _build(
+        cls,
+        caller: Caller,
+        roots: Iterable[str | Path],
+        settings: Settings,
+        store: Store | None,
+        dataset: str | None,
+    ) -> SourceAccess:
+        trees = [*SYSTEM_TREES, _real(settings.cache_path)]
+        lake_s3 = None
+        if isinstance(store, LocalStore):
+            trees.append(_real(store.root))
+        elif isinstance(store, S3Store):
+            lake_s3 = (store.bucket, store.prefix)
+        files = [(Path.cwd() / ENV_FILE).absolute()]
+        journal = sqlite_file(settings.journal_url or "")
+        if journal is None and not settings.journal_url and not settings.is_s3:
+            journal = Path(settings.lake_uri.removeprefix("file://")) / "journal.sqlite"
+        if journal is not None:
+            files += [journal.with_name(journal.name + s) for s in SQLITE_SUFFIXES]
+        return cls(
+            caller=caller,
+            roots=tuple(dict.fromkeys(_real(Path(r)) for r in roots if str(r).strip())),
+            never_trees=tuple(dict.fromkeys(trees)),
+            never_files=tuple(dict.fromkeys(_real(f) for f in files)),
+            lake_s3=lake_s3,
+            dataset=dataset,
+        )
+
+    # --- the rules ------------------------------------------------------------
+
+    def refuse(self, uri: str, why: str) -> InvalidInputError:
+        return InvalidInputError(f"source {uri!r} {why}", dataset=self.dataset)
+
+    def _where(self) -> str:
+        configured = [str(r) for r in self.roots]
+        if self.caller == "queue":
+            if not configured:
+                return (
+                    "the queue reads local files only under LAKEHOUSE_SOURCE_ROOTS, and none is set"
+                )
+            return f"the queue reads local files only under {', '.join(configured)}"
+        return (
+            "local sources must lie under the current directory or LAKEHOUSE_SOURCE_ROOTS "
+            f"({', '.join(configured)})"
+        )
+
+    def check_remote(self, uri: str) -> None:
+        """Refuse an ``s3://`` source inside the lake's own prefix."""
+        if self.lake_s3 is None or not uri.startswith("s3://"):
+            return
+        bucket, key = split_s3_uri(uri)
+        lake_bucket, prefix = self.lake_s3
+        if bucket == lake_bucket and (not prefix or key == prefix or key.startswith(prefix + "/")):
+            raise self.refuse(uri, "lies inside the lake itself: its files are never a source")
+
+    def check_path(self, path: Path, uri: str) -> Path:
+        """The resolved path if the rules allow it (existence not checked yet)."""
+        real = _real(path)
+        if _inside(real, self.never_trees) or real in self.never_files:
+            raise self.refuse(
+                uri,
+                "is never read as a source (/proc, /sys, /dev, the lake's own folder, "
+                "its journal, lakehouse.env and the cache folder are off limits)",
+            )
+        if not _inside(real, self.roots):
+            raise self.refuse(uri, f"resolves outside the allowed source folders: {self._where()}")
+        return real
+
+    def _forbidden_ids(self) -> set[tuple[int, int]]:
+        """(device, inode) of the never-read files that exist: catches hard links."""
+        ids = set()
+        for path in self.never_files:
+            with contextlib.suppress(OSError):
+                info = os.stat(path)
+                ids.add((info.st_dev, info.st_ino))
+        return ids
+
+    def _system_devices(self) -> set[int]:
+        """Devices of the system trees that are mounts of their own (proc, sysfs, devtmpfs)."""
+        devices = set()
+        for tree in SYSTEM_TREES:
+            with contextlib.suppress(OSError):
+                if os.path.ismount(tree):
+                    devices.add(os.stat(tree).st_dev)
+        return devices
+
+    def _check_file(self, info: os.stat_result, uri: str) -> None:
+        if not stat.S_ISREG(info.st_mode):
+            raise self.refuse(uri, "is not a regular file")
+        if info.st_dev in self._system_devices() or (
+            (info.st_dev, info.st_ino) in self._forbidden_ids()
+        ):
+            raise self.refuse(uri, "is never read as a source (a system or lakehouse file)")
+
+    def folder(self, path: Path, uri: str) -> Path:
+        """A local folder to crawl: resolved, allowed, and a directory."""
+        real = self.check_path(path, uri)
+        if not real.is_dir():
+            raise SourceNotFoundError(
+                f"[dataset {self.dataset!r}] crawl source is not a folder: {uri}"
+            )
+        return real
+
+    def open(self, path: Path, uri: str) -> IO[bytes]:
+        """Open a local source for reading, race-safely (see the module docstring)."""
+        real = self.check_path(path, uri)
+        try:
+            before = os.stat(real)
+        except FileNotFoundError:
+            raise SourceNotFoundError(f"Source file not found: {uri}") from None
+        except OSError as exc:
+            raise self.refuse(uri, f"cannot be read: {exc.strerror}") from None
+        self._check_file(before, uri)
+        fd = _open_no_symlinks(real, uri, self)
+        try:
+            after = os.fstat(fd)
+            if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):
+                raise self.refuse(uri, "changed while it was opened")
+            self._check_file(after, uri)
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+
+
+def _open_no_symlinks(real: Path, uri: str, access: SourceAccess) -> int:
+    """Open a resolved path walking it from ``/`` with ``O_NOFOLLOW`` on every part."""
+    parts = real.parts
+    dir_fd = os.open(parts[0], _DIR_FLAGS)
+    try:
+        for name in parts[1:-1]:
+            try:
+                next_fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+            except OSError as exc:
+                raise _open_error(exc, uri, access) from None
+            os.close(dir_fd)
+            dir_fd = next_fd
+        try:
+            return os.open(parts[-1], _FILE_FLAGS, dir_fd=dir_fd)
+        except OSError as exc:
+            raise _open_error(exc, uri, access) from None
+    finally:
+        os.close(dir_fd)
+
+
+def _open_error(exc: OSError, uri: str, access: SourceAccess) -> Exception:
+    if exc.errno == errno.ENOENT:
+        return SourceNotFoundError(f"Source file not found: {uri}")
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+        return access.refuse(uri, "changed while it was opened (a symlink appeared)")
+    return access.refuse(uri, f"cannot be read: {exc.strerror}")
+
+
+def read_regular(path: Path, limit: int | None = None) -> bytes | None:
+    """The bytes (at most ``limit``) of a file that is itself a regular file,
+    never a symlink's target.
+
+    None if ``path`` is a symlink or not a regular file (a queue item planted
+    as a link is reported, its target never read). ``FileNotFoundError`` if
+    it is gone.
+    """
+    try:
+        fd = os.open(path, _FILE_FLAGS)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK):
+            return None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read() if limit is None else fh.read(limit)
+
+
+__all__ = ["SourceAccess", "local_path", "read_regular", "sqlite_file"]
