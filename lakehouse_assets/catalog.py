@@ -213,13 +213,18 @@ def _read_local_config(store: LocalStore, where: str) -> bytes | None:
                 "file in the lake (links are not followed)"
             ) from None
         raise InvalidConfigError(f"{where}: cannot be read ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as fh:
+    try:
         mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-            raise InvalidConfigError(
-                f"{where}: is {kind}; the catalog config.yml must be a regular file in the lake"
-            )
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise InvalidConfigError(
+            f"{where}: is {kind}; the catalog config.yml must be a regular file in the lake"
+        )
+    with os.fdopen(fd, "rb") as fh:
         return fh.read(MAX_CONFIG_BYTES + 1)
 
 
