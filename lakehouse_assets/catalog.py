@@ -85,7 +85,7 @@ def describe_errors(exc: ValidationError) -> str:
     parts = []
     for error in exc.errors():
         where = ".".join(str(p) for p in error["loc"]) or "(top level)"
-        message = error["msg"]
+        message = error["msg"].removeprefix("Value error, ")
         value = error.get("input")
         if error["type"] == "extra_forbidden":
             message = "unknown key"
