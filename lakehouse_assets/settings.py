@@ -2,6 +2,12 @@
 
 Every field has a working default for the embedded setup: a lake folder in the
 working directory, a SQLite journal inside it, and Spark on ``local[*]``.
+
+Every number has a range (``ge``/``le`` on its Field, finite for floats) and
+refuses ``true``/``false``; the journal URL must name a SQLite file or a
+PostgreSQL server (:mod:`lakehouse_assets.journal_urls`). A bad value, from a
+keyword or the environment, is one :class:`~lakehouse_assets.errors.InvalidSettingError`
+naming the setting and its variable.
 """
 
 from __future__ import annotations
