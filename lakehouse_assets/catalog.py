@@ -23,22 +23,34 @@ Every value is resolved with the same precedence (the first that is set wins):
 3. the catalog ``config.yml``;
 4. the built-in default (:class:`~lakehouse_assets.settings.Settings`).
 
-A config.yml that is not valid YAML, has an unknown key or a value of the
-wrong type stops every command with :class:`~lakehouse_assets.errors.InvalidConfigError`
-naming the file and each problem: a typo never silently falls back to a default.
+A config.yml that is not valid YAML, has an unknown key, a duplicate key or a
+value of the wrong type or out of range stops every command with
+:class:`~lakehouse_assets.errors.InvalidConfigError` naming the file and each
+problem: a typo never silently falls back to a default. It is read bounded
+(:mod:`lakehouse_assets.bounded`: at most 1 MiB, 64 levels deep) and must be a
+regular file: in a local lake a ``config.yml`` that is a directory, a symbolic
+link or anything but a file is an error naming the path, so a link planted to
+another file (a secret) is never read, and no error ever quotes the file's text.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from lakehouse_assets import conventions as cv
+from lakehouse_assets.bounded import BoundedParseError, load_yaml
 from lakehouse_assets.errors import InvalidConfigError, SourceNotFoundError
-from lakehouse_assets.settings import Settings
-from lakehouse_assets.storage import Store
+from lakehouse_assets.journal_urls import checked_journal_url
+from lakehouse_assets.settings import MAX_RETENTION_HOURS, Settings
+from lakehouse_assets.storage import LocalStore, Store
+
+#: The largest config.yml read (a real one is a few hundred bytes).
+MAX_CONFIG_BYTES = 1024 * 1024
 
 #: Fields of a dataset's metadata (``DatasetModel``) the catalog may not
 #: default: name and title are the dataset's own; counts, dates and children
@@ -73,12 +85,17 @@ def describe_errors(exc: ValidationError) -> str:
     parts = []
     for error in exc.errors():
         where = ".".join(str(p) for p in error["loc"]) or "(top level)"
-        message = error["msg"]
+        message = error["msg"].removeprefix("Value error, ")
         value = error.get("input")
         if error["type"] == "extra_forbidden":
             message = "unknown key"
-        elif error["type"] != "missing" and isinstance(value, str | int | float | bool):
-            message = f"{message} (got {value!r})"
+        elif error["type"] not in ("missing", "value_error") and isinstance(
+            value, str | int | float | bool
+        ):
+            # a validator's own message (value_error) says what it needs to:
+            # the journal URL's hides its password, which the input would show
+            shown = repr(value)
+            message = f"{message} (got {shown[:60]}{'...' if len(shown) > 60 else ''})"
         parts.append(f"{where}: {message}")
     return "; ".join(parts)
 
@@ -91,9 +108,18 @@ class RetentionConfig(BaseModel):
     vacuum_retention_hours: int | None = Field(
         default=None,
         ge=0,
+        le=MAX_RETENTION_HOURS,
         description="vacuum keeps files a version younger than this still needs "
         "(LAKEHOUSE_VACUUM_RETENTION_HOURS overrides it).",
     )
+
+    @field_validator("vacuum_retention_hours", mode="before")
+    @classmethod
+    def _not_a_bool(cls, value: Any) -> Any:
+        """``true`` is not a number of hours (pydantic would take it as 1)."""
+        if isinstance(value, bool):
+            raise ValueError(f"a number of hours is expected, not {str(value).lower()}")
+        return value
 
 
 class CatalogConfig(BaseModel):
@@ -122,6 +148,12 @@ class CatalogConfig(BaseModel):
     )
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
 
+    @field_validator("journal_url")
+    @classmethod
+    def _durable_journal(cls, value: str | None) -> str | None:
+        """A SQLite file or a PostgreSQL server (:mod:`lakehouse_assets.journal_urls`)."""
+        return checked_journal_url(value) if value else value
+
     @field_validator("dataset_defaults")
     @classmethod
     def _dataset_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -140,15 +172,13 @@ class CatalogConfig(BaseModel):
         return value
 
 
-def parse_catalog_config(text: str, where: str) -> CatalogConfig:
-    """Read ``config.yml`` text; ``InvalidConfigError`` naming ``where`` and the problem."""
+def parse_catalog_config(text: str | bytes, where: str) -> CatalogConfig:
+    """Read ``config.yml`` text; ``InvalidConfigError`` naming ``where`` and the problem
+    (bounded: :data:`MAX_CONFIG_BYTES`, 64 levels, no duplicate keys; never quoting the text)."""
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InvalidConfigError(f"{where}: not valid YAML{line}: {problem}") from None
+        raw = load_yaml(text, max_bytes=MAX_CONFIG_BYTES)
+    except BoundedParseError as exc:
+        raise InvalidConfigError(f"{where}: {exc}") from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -161,18 +191,57 @@ def parse_catalog_config(text: str, where: str) -> CatalogConfig:
         raise InvalidConfigError(f"{where}: {describe_errors(exc)}") from None
 
 
+def _read_local_config(store: LocalStore, where: str) -> bytes | None:
+    """A local lake's config.yml (None: it has none), which must be a regular file.
+
+    A directory used to be skipped as "no config" and a symbolic link was
+    followed (to a secret file, whose lines the YAML error then printed):
+    both are errors naming the path. The file is opened without following a
+    link (``O_NOFOLLOW``: no window between a check and the open) and without
+    blocking (a FIFO), then judged by ``fstat``.
+    """
+    path = store.local_path(cv.CATALOG_CONFIG)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # (a file as the lake root is the store's to report)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InvalidConfigError(
+                f"{where}: is a symbolic link; the catalog config.yml must be a regular "
+                "file in the lake (links are not followed)"
+            ) from None
+        raise InvalidConfigError(f"{where}: cannot be read ({exc.strerror})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise InvalidConfigError(
+            f"{where}: is {kind}; the catalog config.yml must be a regular file in the lake"
+        )
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read(MAX_CONFIG_BYTES + 1)
+
+
 def load_catalog_config(store: Store) -> CatalogConfig | None:
-    """The lake's catalog ``config.yml``, or None when the lake has none."""
+    """The lake's catalog ``config.yml``, or None when the lake has none.
+
+    At most :data:`MAX_CONFIG_BYTES` are read (one more byte says it is too big)."""
     where = store.full_uri(cv.CATALOG_CONFIG)
-    try:
-        data = store.read_bytes(cv.CATALOG_CONFIG)
-    except SourceNotFoundError:
-        return None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidConfigError(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    return parse_catalog_config(text, where)
+    if isinstance(store, LocalStore):
+        data = _read_local_config(store, where)
+    else:
+        try:
+            with store.open_read(cv.CATALOG_CONFIG) as fh:
+                data = fh.read(MAX_CONFIG_BYTES + 1)
+        except SourceNotFoundError:
+            data = None
+    return None if data is None else parse_catalog_config(data, where)
 
 
 def apply_catalog_config(

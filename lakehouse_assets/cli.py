@@ -23,7 +23,7 @@ from tqdm import tqdm
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import InvalidInputError, LakehouseError
 from lakehouse_assets.lake import Dataset, Lakehouse
-from lakehouse_assets.settings import Settings
+from lakehouse_assets.settings import MAX_RETENTION_HOURS, Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -879,7 +879,7 @@ def compact_cmd(obj: Context, as_json: bool) -> None:
 @click.option("--vacuum", is_flag=True, help="Also delete files no version needs any more.")
 @click.option(
     "--retention-hours",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=MAX_RETENTION_HOURS),
     default=None,
     help="vacuum retention (default LAKEHOUSE_VACUUM_RETENTION_HOURS, 168).",
 )

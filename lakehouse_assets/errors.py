@@ -116,3 +116,21 @@ class InvalidConfigError(ConfigurationError, ValueError):
 
 class MissingDependencyError(ConfigurationError, ImportError):
     """An optional dependency is missing; the message names the install line."""
+
+
+class NonDurableJournalError(ConfigurationError, ValueError):
+    """A journal URL that names neither a SQLite file nor a PostgreSQL server.
+
+    An in-memory or temporary SQLite database (``sqlite://``, ``:memory:``,
+    ``file::memory:?uri=true``, ``mode=memory``...) would forget acknowledged
+    writes when the process exits; see :mod:`lakehouse_assets.journal_urls`.
+    """
+
+
+class InvalidSettingError(ConfigurationError):
+    """A setting from the environment (``LAKEHOUSE_*``, ``./lakehouse.env``) or
+    ``Settings(...)`` has a value of the wrong type or outside its range.
+
+    Not a ``ValueError``: raised by ``Settings.__init__`` itself, so pydantic
+    does not wrap it again.
+    """

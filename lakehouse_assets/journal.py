@@ -64,7 +64,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from lakehouse_assets.errors import ConfigurationError
+from lakehouse_assets.journal_urls import checked_journal_url
 
 if TYPE_CHECKING:
     # imported where a Statement is made: a flush task's worker reads the
@@ -454,14 +454,11 @@ class Journal:
     """The SQL buffer of one lake (all datasets, one table)."""
 
     def __init__(self, url: str) -> None:
-        self.url = url
+        # a SQLite file or a PostgreSQL server, nothing that forgets acknowledged
+        # writes: the one rule of every entry point (journal_urls)
+        self.url = checked_journal_url(url)
         if url.startswith("postgresql://"):
             url = "postgresql+psycopg2://" + url.removeprefix("postgresql://")
-        if url == "sqlite://" or url.endswith(":memory:"):
-            raise ConfigurationError(
-                f"journal URL {url!r} is an in-memory journal, which loses acknowledged "
-                "writes between processes; use a SQLite file or PostgreSQL."
-            )
         kwargs: dict[str, Any] = {"hide_parameters": True}
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"timeout": 300}

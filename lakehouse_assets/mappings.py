@@ -68,15 +68,16 @@ def parse_queries(config: str | Mapping[str, Any], *, where: str) -> list[dict[s
     one dataset), a bare ``{queries: [...]}`` / ``{query: {...}}``, or a stored
     ``mapping.yml`` (``{content_hash, queries}``).
     """
+    from lakehouse_assets.bounded import MAX_MAPPING_BYTES, BoundedParseError, load_yaml
+
     data: Any = config
     if isinstance(config, str):
+        # bounded: size, depth (a 5,000-deep mapping was a RecursionError),
+        # alias expansion; duplicate keys refused; errors never quote the text
         try:
-            data = yaml.safe_load(config)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or type(exc).__name__
-            raise InvalidInputError(f"{where}: not valid YAML: {problem}{at}") from exc
+            data = load_yaml(config, max_bytes=MAX_MAPPING_BYTES)
+        except BoundedParseError as exc:
+            raise InvalidInputError(f"{where}: {exc}") from None
     if not isinstance(data, Mapping):
         raise InvalidInputError(f"{where}: a mapping config must be a YAML object")
     if "queries" not in data and "query" not in data:

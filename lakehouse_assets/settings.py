@@ -2,6 +2,12 @@
 
 Every field has a working default for the embedded setup: a lake folder in the
 working directory, a SQLite journal inside it, and Spark on ``local[*]``.
+
+Every number has a range (``ge``/``le`` on its Field, finite for floats) and
+refuses ``true``/``false``; the journal URL must name a SQLite file or a
+PostgreSQL server (:mod:`lakehouse_assets.journal_urls`). A bad value, from a
+keyword or the environment, is one :class:`~lakehouse_assets.errors.InvalidSettingError`
+naming the setting and its variable.
 """
 
 from __future__ import annotations
@@ -10,10 +16,38 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
+
+from lakehouse_assets.errors import InvalidSettingError
+from lakehouse_assets.journal_urls import checked_journal_url
+
+#: The longest vacuum retention (and freshness period): ten years, in hours.
+#: A bound, not a policy: beyond it a retention overflowed the date
+#: arithmetic of ``optimize --vacuum`` (1e29 hours was accepted).
+MAX_RETENTION_HOURS = 10 * 365 * 24
+
+
+def describe_setting_errors(exc: ValidationError) -> str:
+    """``vacuum_retention_hours (LAKEHOUSE_VACUUM_RETENTION_HOURS): Input should be ...``.
+
+    The value is shown for type and range errors only: a validator's own
+    message (the journal URL's) says what it needs to, without the password.
+    """
+    parts = []
+    for error in exc.errors():
+        name = ".".join(str(p) for p in error["loc"]) or "(settings)"
+        where = f"{name} (LAKEHOUSE_{str(error['loc'][0]).upper()})" if error["loc"] else name
+        message = error["msg"].removeprefix("Value error, ")
+        value = error.get("input")
+        if error["type"] != "value_error" and isinstance(value, str | int | float | bool):
+            shown = repr(value)
+            message += f" (got {shown[:60]}{'...' if len(shown) > 60 else ''})"
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)
 
 
 class Settings(BaseSettings):
@@ -67,21 +101,30 @@ class Settings(BaseSettings):
     # --- locks ---
     lock_ttl_seconds: int = Field(
         default=6 * 3600,
+        ge=1,
+        le=366 * 24 * 3600,
         description="A lock older than this is stale even if its owner can't be checked.",
     )
     lock_wait_seconds: float = Field(
         default=900.0,
+        ge=0,
+        le=7 * 24 * 3600,
+        allow_inf_nan=False,
         description="How long a writer of a dataset's tables (and an export's flush-first) "
         "waits for another one to finish.",
     )
     read_wait_seconds: float = Field(
         default=10.0,
+        ge=0,
+        le=24 * 3600,
+        allow_inf_nan=False,
         description="How long a query's flush-first waits for a writer before it reads the "
         "current snapshot (saying how many journal rows are pending).",
     )
     query_chunk_bytes: int = Field(
         default=4 * 1024 * 1024,
         gt=0,
+        le=2**31 - 1,
         description="Parquet bytes a query without entity ids reads at a time (its memory "
         "bound: the chunk's rows decoded, joined and sorted in Arrow; at 4 MB a `query` "
         "process peaked at 0.6-0.8 GB at 1M and 10M statements, and ran faster than "
@@ -89,19 +132,30 @@ class Settings(BaseSettings):
     )
     # --- http sources ---
     http_timeout_seconds: float = Field(
-        default=30.0, description="Connect/read timeout for http(s) sources."
+        default=30.0,
+        gt=0,
+        le=24 * 3600,
+        allow_inf_nan=False,
+        description="Connect/read timeout for http(s) sources.",
     )
     # --- journal ---
     journal_batch_size: int = Field(
-        default=10_000, description="Rows per INSERT batch when writing to the journal."
+        default=10_000,
+        ge=1,
+        le=10_000_000,
+        description="Rows per INSERT batch when writing to the journal.",
     )
     # --- flush ---
     flush_batch_rows: int = Field(
         default=1_000_000,
+        ge=1,
+        le=2**31 - 1,
         description="Journal rows per flush batch (bounds the memory a flush needs).",
     )
     vacuum_retention_hours: int = Field(
         default=168,
+        ge=0,
+        le=MAX_RETENTION_HOURS,
         description="vacuum keeps files a version younger than this still needs.",
     )
     # --- spark ---
@@ -111,7 +165,10 @@ class Settings(BaseSettings):
         "(the local one of `lakehouse spark start`, or a cluster's). Unset: in-process Spark.",
     )
     spark_connect_port: int = Field(
-        default=15002, description="Port of the local Spark Connect server (127.0.0.1)."
+        default=15002,
+        ge=1,
+        le=65535,
+        description="Port of the local Spark Connect server (127.0.0.1).",
     )
     spark_master: str = Field(
         default="local[*]",
@@ -141,7 +198,10 @@ class Settings(BaseSettings):
         "prepare` when there is one (about 3 s less per in-process Spark start).",
     )
     spark_shuffle_partitions: int = Field(
-        default=8, description="spark.sql.shuffle.partitions (small is right for 2 cores)."
+        default=8,
+        ge=1,
+        le=100_000,
+        description="spark.sql.shuffle.partitions (small is right for 2 cores).",
     )
     spark_ui_enabled: bool = Field(default=False, description="Serve Spark's web UI.")
     spark_config: dict[str, str] = Field(
@@ -154,21 +214,30 @@ class Settings(BaseSettings):
     # --- mappings ---
     mapping_spark_min_bytes: int = Field(
         default=32 * 1024 * 1024,
+        ge=0,
+        le=2**50,
         description="CSVs at least this big are mapped on Spark; smaller ones in-process.",
     )
     # --- dagster ---
     sensor_interval_seconds: int = Field(
-        default=30, description="How often the Dagster sensors look at the lake's tags."
+        default=30,
+        ge=1,
+        le=24 * 3600,
+        description="How often the Dagster sensors look at the lake's tags.",
     )
     freshness_hours: float = Field(
         default=26.0,
         gt=0,
+        le=MAX_RETENTION_HOURS,
+        allow_inf_nan=False,
         description="The exports, index and graph index fail their Dagster FreshnessPolicy "
         "when not materialized for this long (the daily refresh materializes them every day); "
         "they warn after three quarters of it.",
     )
     freshness_check_interval_seconds: int = Field(
         default=300,
+        ge=1,
+        le=24 * 3600,
         description="How often the freshness_checks sensor judges every dataset's exports "
         "by the specification's freshness rule (tags only).",
     )
@@ -199,10 +268,42 @@ class Settings(BaseSettings):
             return [part for part in text.split(os.pathsep) if part.strip()]
         return value
 
+    def __init__(self, **values: Any) -> None:
+        """Settings from ``values``, the environment and ``./lakehouse.env``;
+        :class:`~lakehouse_assets.errors.InvalidSettingError` (one line naming
+        each setting and its variable) instead of pydantic's multi-line error."""
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise InvalidSettingError(f"invalid settings: {describe_setting_errors(exc)}") from None
+        except SettingsError as exc:  # a JSON setting (spark_config) that is not JSON
+            raise InvalidSettingError(f"invalid settings: {exc}") from None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bools_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """``true`` is not a number: pydantic would take it as 1 (one hour of
+        vacuum retention). Applies to every int and float field, present and future."""
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and field.annotation in (int, float):
+            raise ValueError(f"a number is expected, not {str(value).lower()}")
+        return value
+
+    @field_validator("journal_url")
+    @classmethod
+    def _durable_journal(cls, value: str | None) -> str | None:
+        """An in-memory journal would lose acknowledged writes (see
+        :mod:`lakehouse_assets.journal_urls`); empty means unset."""
+        return checked_journal_url(value) if value else value
+
     def resolved_journal_url(self) -> str:
-        """The journal URL, defaulting to a durable SQLite file."""
+        """The journal URL, defaulting to a durable SQLite file.
+
+        Checked here too (:func:`~lakehouse_assets.journal_urls.checked_journal_url`):
+        ``Lakehouse(journal_url=...)``, ``--journal-url`` and ``config.yml`` set
+        the field with ``model_copy``, which does not validate."""
         if self.journal_url:
-            return self.journal_url
+            return checked_journal_url(self.journal_url)
         if self.is_s3:
             digest = hashlib.sha1(self.lake_uri.encode()).hexdigest()[:16]
             folder = self.cache_path / digest
