@@ -114,6 +114,8 @@ def sqlite_file(journal_url: str) -> Path | None:
 
 
 _NAT64: Final = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+#: Special-purpose ranges some Python releases count as global (IETF protocol assignments).
+_SPECIAL: Final = (ipaddress.ip_network("192.0.0.0/24"),)
 
 
 def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
@@ -152,7 +154,7 @@ def address_kind(address: str) -> str | None:
         ("link-local", ip.is_link_local),  # 169.254.169.254: the cloud metadata service
         ("multicast", ip.is_multicast),
         ("private", ip.is_private),
-        ("reserved", ip.is_reserved),
+        ("reserved", ip.is_reserved or any(ip in net for net in _SPECIAL)),
         ("non-public", not ip.is_global),  # e.g. 100.64.0.0/10, shared address space
     ):
         if flag:
