@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import IO, Final, Literal
 from urllib.parse import unquote, urlparse, urlsplit
 
-from lakehouse_assets.errors import InvalidInputError, SourceNotFoundError
+from lakehouse_assets.errors import InvalidConfigError, InvalidInputError, SourceNotFoundError
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.storage import LocalStore, S3Store, Store, split_s3_uri
 
@@ -178,6 +178,13 @@ def host_entry(entry: str) -> tuple[str, int | None]:
     return host, port
 
 
+def _hosts(settings: Settings) -> tuple[tuple[str, int | None], ...]:
+    try:
+        return tuple(dict.fromkeys(host_entry(h) for h in settings.source_hosts))
+    except ValueError as exc:
+        raise InvalidConfigError(f"LAKEHOUSE_SOURCE_HOSTS: {exc}") from None
+
+
 def _same_host(a: str, b: str) -> bool:
     a, b = a.strip("[]").rstrip(".").lower(), b.strip("[]").rstrip(".").lower()
     if a == b:
@@ -262,7 +269,7 @@ class SourceAccess:
             never_files=tuple(dict.fromkeys(_real(f) for f in files)),
             lake_s3=lake_s3,
             dataset=dataset,
-            hosts=tuple(dict.fromkeys(host_entry(h) for h in settings.source_hosts)),
+            hosts=_hosts(settings),
         )
 
     # --- the rules ------------------------------------------------------------

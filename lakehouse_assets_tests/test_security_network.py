@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.access import SourceAccess, address_kind
-from lakehouse_assets.errors import InvalidInputError, SourceUnreachableError
+from lakehouse_assets.errors import InvalidConfigError, InvalidInputError, SourceUnreachableError
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.sources import open_source
@@ -195,6 +195,10 @@ def test_source_hosts_setting_is_parsed_and_validated(monkeypatch: pytest.Monkey
         monkeypatch.setenv("LAKEHOUSE_SOURCE_HOSTS", bad)
         with pytest.raises(ValidationError, match="source host"):
             Settings()
+    # settings made without validation (model_copy) are checked where they are used
+    unchecked = Settings(source_hosts=[]).model_copy(update={"source_hosts": ["http://x/"]})
+    with pytest.raises(InvalidConfigError, match="LAKEHOUSE_SOURCE_HOSTS: .*'http://x/'"):
+        SourceAccess.for_queue(unchecked)
 
 
 # --- the queue: internal addresses refused, listed hosts allowed --------------------------
