@@ -18,6 +18,28 @@ queued file UPSERTs, the Python API's :meth:`Archive.put`) goes through a
   and its ``-wal``/``-shm``/``-journal``), ``lakehouse.env`` and the cache
   folder, and anything that is not a regular file.
 
+A network source follows the caller's network rule (:meth:`SourceAccess.check_url`,
+:meth:`SourceAccess.address_guard`):
+
+* the queue (tenants' items) reads ``http(s)://`` sources only from public
+  addresses: the host is resolved, **every** address it resolves to must be
+  public (:func:`address_kind`: not loopback, link-local such as the cloud
+  metadata service at 169.254.169.254, private, shared, multicast, reserved or
+  unspecified, nor an IPv6 form embedding one), and the connection is made to
+  the address that was checked, never to a second resolution (DNS rebinding);
+  each redirect target is checked the same way. A host listed in
+  ``LAKEHOUSE_SOURCE_HOSTS`` (:attr:`Settings.source_hosts`, ``host`` or
+  ``host:port``, matched against the host as the URL names it) may be internal,
+  e.g. an internal file server. The queue ignores proxy and ``.netrc`` settings
+  of the environment: the address it checks is the address it connects to, and
+  no operator credential goes out for a tenant's URL;
+* a trusted caller (the CLI, the Python API, a Dagster crawl) reads any
+  ``http(s)://`` URL it names, internal ones included, as ``requests`` would
+  (environment proxies, ``.netrc``): it is the operator, who can read those
+  anyway. Every caller follows at most :data:`MAX_REDIRECTS` redirects;
+* ``s3://`` sources are read through the configured S3 endpoint (the
+  operator's setting), never inside the lake's own prefix.
+
 The check and the read cannot be raced apart: the resolved path is opened
 one component at a time with ``O_NOFOLLOW`` (a component turned into a
 symlink after the check fails the open), the file is opened non-blocking (a
@@ -31,15 +53,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final, Literal
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote, urlparse, urlsplit
 
-from lakehouse_assets.errors import InvalidInputError, SourceNotFoundError
+from lakehouse_assets.errors import InvalidConfigError, InvalidInputError, SourceNotFoundError
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.storage import LocalStore, S3Store, Store, split_s3_uri
 
@@ -50,7 +73,13 @@ SQLITE_SUFFIXES: Final = ("", "-wal", "-shm", "-journal")
 #: The settings file of a working folder (it may hold S3 keys).
 ENV_FILE: Final = "lakehouse.env"
 
+#: Redirects a source URL may go through (each target checked by the same rule).
+MAX_REDIRECTS: Final = 5
+
 Caller = Literal["queue", "caller"]
+#: Checks one connection before it carries a request: ``(host, port, address)``
+#: as the URL names the host, its port and the IP address connected to.
+AddressGuard = Callable[[str, int, str], None]
 
 _DIR_FLAGS: Final = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW
 _FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -84,6 +113,88 @@ def sqlite_file(journal_url: str) -> Path | None:
     return Path(database).expanduser()
 
 
+_NAT64: Final = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+#: Special-purpose ranges some Python releases count as global (IETF protocol assignments).
+_SPECIAL: Final = (ipaddress.ip_network("192.0.0.0/24"),)
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries and reaches (mapped, 6to4, NAT64)."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if any(ip in net for net in _NAT64):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
+def address_kind(address: str) -> str | None:
+    """Why an IP address is not public (``"loopback"``, ``"link-local"``, ...),
+    None if it is: the network rule of the queue's ``http(s)://`` sources.
+
+    A pure function (no network): a textual IPv4/IPv6 address, an IPv6 zone
+    (``%eth0``) allowed; IPv6 forms that carry an IPv4 address
+    (``::ffff:127.0.0.1``, 6to4, NAT64) are judged by that address too. An
+    unparsable address is never public.
+    """
+    try:
+        ip = ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return "unparsable"
+    if isinstance(ip, ipaddress.IPv6Address):
+        inner = _embedded_ipv4(ip)
+        if inner is not None:
+            kind = address_kind(str(inner))
+            if kind is not None:
+                return kind
+    for kind, flag in (
+        ("unspecified", ip.is_unspecified),  # 0.0.0.0 and :: reach this host
+        ("loopback", ip.is_loopback),
+        ("link-local", ip.is_link_local),  # 169.254.169.254: the cloud metadata service
+        ("multicast", ip.is_multicast),
+        ("private", ip.is_private),
+        ("reserved", ip.is_reserved or any(ip in net for net in _SPECIAL)),
+        ("non-public", not ip.is_global),  # e.g. 100.64.0.0/10, shared address space
+    ):
+        if flag:
+            return kind
+    return None
+
+
+def host_entry(entry: str) -> tuple[str, int | None]:
+    """``(host, port)`` of a ``LAKEHOUSE_SOURCE_HOSTS`` entry (``host``,
+    ``host:port``, ``[v6]:port``), the host lowercased without brackets or a
+    trailing dot. ``ValueError`` for anything else."""
+    text = entry.strip()
+    try:
+        parts = urlsplit(f"//{text}")
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"source host {entry!r} is not host[:port]: {exc}") from None
+    host = (parts.hostname or "").rstrip(".")
+    if not host or parts.path or parts.query or parts.fragment or "@" in parts.netloc:
+        raise ValueError(f"source host {entry!r} is not host[:port]")
+    return host, port
+
+
+def _hosts(settings: Settings) -> tuple[tuple[str, int | None], ...]:
+    try:
+        return tuple(dict.fromkeys(host_entry(h) for h in settings.source_hosts))
+    except ValueError as exc:
+        raise InvalidConfigError(f"LAKEHOUSE_SOURCE_HOSTS: {exc}") from None
+
+
+def _same_host(a: str, b: str) -> bool:
+    a, b = a.strip("[]").rstrip(".").lower(), b.strip("[]").rstrip(".").lower()
+    if a == b:
+        return True
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+    except ValueError:
+        return False
+
+
 def _inside(path: Path, trees: Iterable[Path]) -> bool:
     return any(path == tree or path.is_relative_to(tree) for tree in trees)
 
@@ -113,6 +224,8 @@ class SourceAccess:
     lake_s3: tuple[str, str] | None = None
     #: the dataset the reads are for (named in errors)
     dataset: str | None = None
+    #: ``(host, port)`` a queued URL may reach although internal (port None: any)
+    hosts: tuple[tuple[str, int | None], ...] = ()
 
     @classmethod
     def for_caller(
@@ -156,6 +269,7 @@ class SourceAccess:
             never_files=tuple(dict.fromkeys(_real(f) for f in files)),
             lake_s3=lake_s3,
             dataset=dataset,
+            hosts=_hosts(settings),
         )
 
     # --- the rules ------------------------------------------------------------
@@ -184,6 +298,61 @@ class SourceAccess:
         lake_bucket, prefix = self.lake_s3
         if bucket == lake_bucket and (not prefix or key == prefix or key.startswith(prefix + "/")):
             raise self.refuse(uri, "lies inside the lake itself: its files are never a source")
+
+    # --- the network rule -------------------------------------------------------
+
+    def _listed(self, host: str, port: int) -> bool:
+        return any(
+            _same_host(host, allowed) and (allowed_port is None or allowed_port == port)
+            for allowed, allowed_port in self.hosts
+        )
+
+    def check_url(self, uri: str) -> None:
+        """Refuse an ``http(s)://`` URL the caller's rule refuses before any
+        connection (a literal internal address); names are judged when they
+        are resolved (:meth:`address_guard`)."""
+        try:
+            parts = urlsplit(uri)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError as exc:
+            raise self.refuse(uri, f"is not a valid URL: {exc}") from None
+        host = parts.hostname
+        if not host:
+            raise self.refuse(uri, "names no host")
+        if self.caller != "queue":
+            return
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return  # a name: resolved and judged on connection
+        self._check_address(uri, host, port, host)
+
+    def address_guard(self, uri: str) -> AddressGuard | None:
+        """The check every connection made for ``uri`` (redirects included)
+        passes before it carries a request; None for a trusted caller, who
+        may reach any address."""
+        if self.caller != "queue":
+            return None
+
+        def guard(host: str, port: int, address: str) -> None:
+            self._check_address(uri, host, port, address)
+
+        return guard
+
+    def _check_address(self, uri: str, host: str, port: int, address: str) -> None:
+        if self._listed(host, port):
+            return
+        kind = address_kind(address)
+        if kind is None:
+            return
+        shown = f"[{host}]" if ":" in host else host
+        raise self.refuse(
+            uri,
+            f"reaches {shown}:{port} at a {kind} address: the queue reads http(s) sources "
+            "only from public addresses or from hosts listed in LAKEHOUSE_SOURCE_HOSTS",
+        )
+
+    # --- local files ---------------------------------------------------------------
 
     def check_path(self, path: Path, uri: str) -> Path:
         """The resolved path if the rules allow it (existence not checked yet)."""
@@ -310,4 +479,13 @@ def read_regular(path: Path, limit: int | None = None) -> bytes | None:
         return fh.read() if limit is None else fh.read(limit)
 
 
-__all__ = ["SourceAccess", "local_path", "read_regular", "sqlite_file"]
+__all__ = [
+    "MAX_REDIRECTS",
+    "AddressGuard",
+    "SourceAccess",
+    "address_kind",
+    "host_entry",
+    "local_path",
+    "read_regular",
+    "sqlite_file",
+]

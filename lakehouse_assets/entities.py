@@ -52,9 +52,19 @@ BOOLEAN_WORDS = frozenset({"", "t", "true", "y", "yes", "1", "f", "false", "n", 
 
 
 def check_text(field: str, value: str | None) -> str | None:
-    """What is wrong with one field's value (None: nothing)."""
+    """What is wrong with one field's value (None: nothing).
+
+    The rule of :func:`conventions.text` for stored text: valid Unicode (a lone
+    surrogate, such as Python makes of a non-UTF-8 byte, cannot be encoded for
+    the journal; followthemoney would drop it silently), no NUL character, at
+    most the journal's limit of the field.
+    """
     if value is None:
         return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"{field} is not valid UTF-8 ({exc.reason} at character {exc.start})"
     if "\x00" in value:
         return f"{field} contains a NUL character"
     limit = cv.FIELD_LIMITS.get(field)
@@ -132,8 +142,11 @@ def validate_entity(
                     f"entity {entity_id!r}: value {index + 1} of {name!r} is a {kind}, "
                     "not a string (nothing is converted or dropped silently)"
                 )
-            if "\x00" in value:
-                raise fail(f"entity {entity_id!r}: a value of {name!r} contains a NUL character")
+            problem = check_text("value", value)
+            if problem:
+                raise fail(
+                    f"entity {entity_id!r}: a value of {name!r} {problem.removeprefix('value ')}"
+                )
     try:
         proxy = model.get_proxy(data, cleaned=False)
     except InvalidData as exc:

@@ -17,6 +17,7 @@ import json
 import os
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -256,6 +257,43 @@ class Settings(BaseSettings):
         "lakehouse.env and the cache folder never. Not read from a lake's config.yml: a lake "
         "cannot widen what its consumer reads.",
     )
+
+    source_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Hosts queued http(s) sources may reach although their address is not "
+        "public, e.g. an internal file server (LAKEHOUSE_SOURCE_HOSTS: a JSON list or "
+        "entries separated by ',' or spaces, each host or host:port, [v6]:port for IPv6; "
+        "matched against the host as the URL names it, no port: any port). Otherwise a "
+        "queued URL must resolve to public addresses only (no loopback, link-local such as "
+        "169.254.169.254, private or other internal address), redirects included. "
+        "`archive add`, `crawl` and the Python API read any URL they are given. Not read "
+        "from a lake's config.yml.",
+    )
+
+    @field_validator("source_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: object) -> object:
+        """``LAKEHOUSE_SOURCE_HOSTS`` as a JSON list or ``a:8080,b``; entries normalised."""
+        if isinstance(value, str):
+            text = value.strip()
+            value = json.loads(text) if text.startswith("[") else text.replace(",", " ").split()
+        if not isinstance(value, list):
+            return value
+        hosts = []
+        for entry in value:
+            if not isinstance(entry, str):
+                raise ValueError(f"source host {entry!r} is not a string")
+            parts = urlsplit(f"//{entry.strip()}")
+            try:
+                port = parts.port
+            except ValueError as exc:
+                raise ValueError(f"source host {entry!r}: {exc}") from None
+            host = (parts.hostname or "").rstrip(".")
+            if not host or parts.path or parts.query or parts.fragment or "@" in parts.netloc:
+                raise ValueError(f"source host {entry!r} is not host[:port]")
+            shown = f"[{host}]" if ":" in host else host
+            hosts.append(shown if port is None else f"{shown}:{port}")
+        return hosts
 
     @field_validator("source_roots", mode="before")
     @classmethod

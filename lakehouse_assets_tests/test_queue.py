@@ -232,8 +232,10 @@ def test_only_one_consumer_at_a_time(local_lake: Lakehouse) -> None:
 
 
 def test_an_unreachable_source_stops_the_queue_before_its_item(local_lake: Lakehouse) -> None:
-    """A retryable error keeps the order: the item stays pending and first in line."""
-    ds = local_lake.create_dataset("offline")
+    """A retryable error keeps the order: the item stays pending and first in line.
+    (The queue may reach 127.0.0.1 only as a listed host: LAKEHOUSE_SOURCE_HOSTS.)"""
+    settings = local_lake.settings.model_copy(update={"source_hosts": ["127.0.0.1"]})
+    ds = Lakehouse(local_lake.store.uri, settings=settings).create_dataset("offline")
     ds.queue.push("UPSERT", "entity", person("p1", "Ann"))
     stuck = ds.queue.push("UPSERT", "file", {"uri": f"http://127.0.0.1:{free_port()}/a.pdf"})
     ds.queue.push("UPSERT", "entity", person("p2", "Bob"))
