@@ -23,11 +23,15 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from pydantic import ValidationError
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.access import SourceAccess, address_kind
-from lakehouse_assets.errors import InvalidConfigError, InvalidInputError, SourceUnreachableError
+from lakehouse_assets.errors import (
+    InvalidConfigError,
+    InvalidInputError,
+    InvalidSettingError,
+    SourceUnreachableError,
+)
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.sources import open_source
@@ -193,7 +197,7 @@ def test_source_hosts_setting_is_parsed_and_validated(monkeypatch: pytest.Monkey
     assert Settings().source_hosts == ["a.example:1"]
     for bad in ("http://x/", "x:notaport", "user@x", "x:99999"):
         monkeypatch.setenv("LAKEHOUSE_SOURCE_HOSTS", bad)
-        with pytest.raises(ValidationError, match="source host"):
+        with pytest.raises(InvalidSettingError, match="source host"):
             Settings()
     # settings made without validation (model_copy) are checked where they are used
     unchecked = Settings(source_hosts=[]).model_copy(update={"source_hosts": ["http://x/"]})
