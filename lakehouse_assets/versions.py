@@ -36,10 +36,18 @@ is not read again. After publishing, a commit to the translog carries the
 manifest hash in its commit metadata (an app transaction with the sequence
 number makes it idempotent), tying the Delta history to the chain.
 
+**Coverage.** Every file a reader trusts is named by the head or reported by
+:func:`verify`: ``compact`` and ``optimize`` of a published dataset publish
+the files they wrote (:func:`publish_relayout`: the head's statements,
+exports and ``index.json`` carried over), ``make`` publishes whenever the
+table files changed, and an export that differs from the head's manifest is
+never fresh (:func:`published_intact`), whatever its tag says.
+
 **As-of reads** load the tables at the versions a manifest names (delta-rs
 time travel): :func:`snapshot_at`. ``vacuum`` removes files older than its
 retention; an as-of read of a version whose files are gone says which
-retention to set.
+retention to set, or, when no vacuum is on record, that they were removed
+outside the lakehouse (:class:`VersionDamagedError`).
 """
 
 from __future__ import annotations
@@ -1304,10 +1312,17 @@ def verify(ds: Dataset, *, deep: bool = False, trusted_head: str | None = None) 
       (if given) a hash the caller trusts naming the head;
     - the Delta history: each version's hash in the translog's commit metadata,
       the log entries each manifest hashed;
-    - the files: every data file a version references that the tables still
-      use (files a later version replaced may have been vacuumed), the head's
-      exports (unless rewritten since, by their tags), every version's
-      published ``index.json`` and diff;
+    - the anchor: the newest version a translog commit carries is the chain's
+      head (a version removed from the chain, with its files, pointer and
+      catalog entry, is still anchored in the Delta history);
+    - the files: every data file a version references (one a later version
+      replaced may be gone only if a vacuum is on record), the head's exports
+      and live ``index.json`` byte for byte (no tag excuses a difference),
+      every version's published ``index.json`` and diff;
+    - what readers read now (:mod:`lakehouse_assets.verify_coverage`): every
+      commit after the head made by a lakehouse operation, every file of the
+      current snapshot named by the head or added by such a commit, the graph
+      index's state and files, the diffs' index, the catalog and its snapshots;
     - with ``deep``, the head's logical hash recomputed from the tables.
     """
     report = VerifyReport(ds.name, deep=deep)

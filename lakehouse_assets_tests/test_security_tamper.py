@@ -24,8 +24,9 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets import versions
 from lakehouse_assets.delta import commit
 from lakehouse_assets.lake import Dataset, Lakehouse
+from lakehouse_assets.settings import Settings
 from lakehouse_assets.tables import TRANSLOG_SCHEMA
-from lakehouse_assets_tests.conftest import sample_entities
+from lakehouse_assets_tests.conftest import make_bucket, sample_entities
 
 NAME = "tampered"
 HEAD = 4
@@ -516,6 +517,45 @@ def test_verify_catches_every_kind_of_tampering(published: Path, tmp_path: Path,
     assert any(expected in p for p in problems), problems
 
 
+#: Kinds tried again on the loopback S3 server (the tampered copy uploaded).
+S3_KINDS = (
+    "",  # nothing tampered: the uploaded copy verifies
+    "export edited, then its tag moved later",
+    "whole head version rolled back",
+    "head data file removed",
+    "foreign delete() on the translog after the head",
+    "graph state: generation dropped",
+    "diff index counts forged",
+    "catalog snapshot forged",
+    "latest pointer removed",
+)
+
+
+@pytest.mark.parametrize("kind", S3_KINDS)
+def test_verify_catches_tampering_on_s3(
+    published: Path, tmp_path: Path, s3_settings: Settings, kind: str
+) -> None:
+    """The same checks through the S3 store: a (tampered) copy uploaded to a bucket."""
+    root = tmp_path / "copy"
+    shutil.copytree(published, root)
+    if kind:
+        TAMPERING[kind][0](root)
+    lake = Lakehouse(
+        f"s3://{make_bucket(s3_settings)}/lake",
+        settings=s3_settings,
+        journal_url=f"sqlite:///{root / 'journal.sqlite'}",
+    )
+    for file in sorted((root / "lake").rglob("*")):
+        if file.is_file():
+            lake.store.put_file(file.relative_to(root / "lake").as_posix(), file)
+    report = lake.dataset(NAME).verify()
+    problems = [str(p) for p in report.problems]
+    if not kind:
+        assert report.ok and not report.notes, (problems, report.notes)
+        return
+    assert any(TAMPERING[kind][1] in p for p in problems), problems
+
+
 def copy_of(published: Path, tmp_path: Path) -> tuple[Path, Dataset]:
     root = tmp_path / "copy"
     shutil.copytree(published, root)
@@ -548,9 +588,11 @@ def test_make_rewrites_an_export_that_differs_from_its_manifest(
     root, ds = copy_of(published, tmp_path)
     original = (D(root) / cv.STATEMENTS_CSV).read_bytes()
     export_edited_with_later_tag(root)
+    (D(root) / "versions/latest.json").unlink()  # and make writes the pointer again
     made = ds.make()
     assert "statements" in made.written
     assert (D(root) / cv.STATEMENTS_CSV).read_bytes() == original
+    assert (D(root) / "versions/latest.json").exists()
     report = ds.verify()
     assert report.ok, report.problems
 
@@ -577,6 +619,17 @@ def test_a_flush_after_the_head_is_a_note_and_make_covers_it(
     report = ds.verify()
     assert report.ok, report.problems
     assert any("not published yet" in n for n in report.notes), report.notes
+    # an unpublished file is held to the size its (lakehouse) commit recorded
+    forged = tmp_path / "forged"
+    shutil.copytree(root, forged)
+    head = ds.version()
+    assert head is not None
+    named = {f["path"] for f in head.manifest["tables"]["translog"]["files"]}
+    new = next(f for f in ds.snapshot().translog.files if f.path not in named)
+    target = D(forged) / cv.TRANSLOG_TABLE / new.path
+    target.write_bytes(target.read_bytes()[:-10])
+    problems = [str(p) for p in dataset(forged).verify().problems]
+    assert any("size differs from its commit" in p for p in problems), problems
     ds.make()
     optimized = ds.optimize()
     assert optimized.files_removed and optimized.published, optimized.as_dict()
