@@ -58,6 +58,8 @@ class Commit:
     path: str
     info: dict[str, Any] | None
     adds: dict[str, int] = field(default_factory=dict)
+    #: path → deletion time (ms) of the files the commit removed
+    removes: dict[str, int] = field(default_factory=dict)
 
     @property
     def ours(self) -> bool:
@@ -98,7 +100,45 @@ def read_commit(ds: Dataset, table_dir: str, version: int) -> Commit | None:
         add = action.get("add")
         if isinstance(add, dict) and "path" in add:
             commit.adds[str(add["path"])] = int(add.get("size") or 0)
+        remove = action.get("remove")
+        if isinstance(remove, dict) and "path" in remove:
+            commit.removes[str(remove["path"])] = int(remove.get("deletionTimestamp") or 0)
     return commit
+
+
+def vacuumable(ds: Dataset, table_dir: str, location: DeltaLocation) -> Callable[[str], bool]:
+    """Whether a vacuum on record may have deleted a file of the table: one that a
+    commit removed at least the vacuum's retention before the vacuum ran (a
+    ``VACUUM START`` commit records its time and retention). A file deleted
+    inside the retention window, or with no vacuum at all, was not removed by
+    the lakehouse. When log entries were cleaned up (after a checkpoint), any
+    recorded vacuum counts, as nothing finer can be told.
+    """
+    from lakehouse_assets.versions import vacuum_ran
+
+    try:
+        commits, missing = commits_after(ds, table_dir, location, None)
+    except Exception:  # noqa: BLE001 - an unreadable log proves no vacuum
+        return lambda path: False
+    if missing:
+        coarse = vacuum_ran(location)
+        return lambda path: coarse
+    removed: dict[str, int] = {}
+    horizons = []  # files removed before this time may have been vacuumed
+    for commit in commits:
+        removed.update(commit.removes)
+        info = commit.info or {}
+        if info.get("operation") == "VACUUM START":
+            params = info.get("operationParameters") or {}
+            retention = str(
+                params.get("specifiedRetentionMillis") or params.get("defaultRetentionMillis")
+            )
+            try:
+                horizons.append(int(info["timestamp"]) - int(retention))
+            except (KeyError, TypeError, ValueError):
+                continue
+    horizon = max(horizons, default=None)
+    return lambda path: horizon is not None and path in removed and removed[path] <= horizon
 
 
 def commits_after(

@@ -56,7 +56,7 @@ import hashlib
 import json
 import logging
 import tempfile
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -386,13 +386,19 @@ def snapshot_at(ds: Dataset, version: Version) -> DatasetSnapshot:
     }
     missing = [path for paths in gone.values() for path in paths]
     if missing:
-        if not all(vacuum_ran(location) for name, location, _ in tables if gone[name]):
+        from lakehouse_assets.verify_coverage import vacuumable
+
+        if not all(
+            all(map(vacuumable(ds, _table_dir(name), location), gone[name]))
+            for name, location, _ in tables
+            if gone[name]
+        ):
             # nothing that keeps a record removed them: lost or tampered
             raise VersionDamagedError(
                 f"Dataset {ds.name!r} version {version.sequence} cannot be read: "
-                f"{len(missing)} of its files are missing ({missing[0]}, …) although no "
-                "vacuum ever ran on its tables: they were removed outside the lakehouse "
-                "(run `lakehouse verify`)"
+                f"{len(missing)} of its files are missing ({missing[0]}, …) and no vacuum "
+                "removed them (none ran, or they were inside its retention window): they "
+                "were removed outside the lakehouse (run `lakehouse verify`)"
             )
         raise _expired(ds, version, f"{len(missing)} of its files were vacuumed ({missing[0]}, …)")
     return snapshot
@@ -1403,8 +1409,10 @@ def verify(ds: Dataset, *, deep: bool = False, trusted_head: str | None = None) 
     except Exception as exc:  # a broken Delta log
         report.problems.append(Problem(None, "tables", f"Delta log unreadable: {exc}"))
         current = {}
+    from lakehouse_assets.verify_coverage import vacuumable
+
     vacuumed = {
-        name: vacuum_ran(location)
+        name: vacuumable(ds, _table_dir(name), location)
         for name, location in (("statements", ds.statements_table), ("translog", ds.translog_table))
     }
     for version in versions:
@@ -1517,7 +1525,7 @@ def _check_files(
     ds: Dataset,
     version: Version,
     current: Mapping[str, set[str]],
-    vacuumed: Mapping[str, bool],
+    vacuumed: Mapping[str, Callable[[str], bool]],
     hasher: _Hasher,
     report: VerifyReport,
 ) -> None:
@@ -1537,9 +1545,9 @@ def _check_files(
             if sha is None:
                 if entry["path"] in current.get(name, set()):
                     report.problems.append(Problem(seq, path, "data file is missing"))
-                elif not vacuumed.get(name, False):
+                elif not vacuumed[name](entry["path"]):
                     report.problems.append(
-                        Problem(seq, path, "data file is missing and no vacuum ever ran")
+                        Problem(seq, path, "data file is missing and no vacuum removed it")
                     )
                 continue  # replaced by a later version and vacuumed: expected
             if sha != entry["sha256"]:

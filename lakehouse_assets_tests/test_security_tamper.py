@@ -253,6 +253,19 @@ def remove_anchor(root: Path) -> None:
     logs[-1].unlink()
 
 
+def vacuum(root: Path, hours: int) -> None:
+    """A lakehouse vacuum of the statements table (as optimize --vacuum runs it)."""
+    from lakehouse_assets.maintenance import _vacuum_table
+
+    _vacuum_table(dataset(root).statements_table, timedelta(hours=hours))
+
+
+def removed_inside_retention(root: Path) -> None:
+    """A replaced file deleted by hand, then a vacuum whose retention still kept it."""
+    old_file(root, "statements").unlink()
+    vacuum(root, 1000)
+
+
 def swap_manifests(root: Path) -> None:
     one, two = manifest_path(root, 1), manifest_path(root, 2)
     a, b = one.read_bytes(), two.read_bytes()
@@ -421,7 +434,11 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     ),
     "replaced data file removed, no vacuum ran": (
         lambda r: old_file(r, "statements").unlink(),
-        "data file is missing and no vacuum ever ran",
+        "data file is missing and no vacuum removed it",
+    ),
+    "replaced data file removed inside a vacuum's retention": (
+        removed_inside_retention,
+        "data file is missing and no vacuum removed it",
     ),
     "translog file edited": (
         lambda r: flip(head_file(r, "translog"), 40),
@@ -581,6 +598,19 @@ def manifest_of(ds: Dataset, seq: int) -> dict[str, Any]:
     return version.manifest
 
 
+def test_files_a_vacuum_removed_are_no_problem(published: Path, tmp_path: Path) -> None:
+    """A vacuum with no retention removes the files compact replaced: verify accepts
+    that (its commits are the lakehouse's), and an as-of read names the retention."""
+    root, ds = copy_of(published, tmp_path)
+    replaced = old_file(root, "statements")
+    vacuum(root, 0)
+    assert not replaced.exists()
+    report = ds.verify()
+    assert report.ok, report.problems
+    with pytest.raises(versions.VersionExpiredError, match="LAKEHOUSE_VACUUM_RETENTION_HOURS"):
+        ds.get_entity(str(sample_entities()[0]["id"]), as_of=1)
+
+
 def test_make_rewrites_an_export_that_differs_from_its_manifest(
     spark, published: Path, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
@@ -604,7 +634,7 @@ def test_an_as_of_read_of_a_removed_file_blames_no_vacuum(published: Path, tmp_p
     entity = str(sample_entities()[0]["id"])
     assert ds.get_entity(entity, as_of=1) is not None
     old_file(root, "statements").unlink()
-    with pytest.raises(versions.VersionDamagedError, match="no vacuum ever ran"):
+    with pytest.raises(versions.VersionDamagedError, match="no vacuum removed them"):
         ds.get_entity(entity, as_of=1)
 
 
