@@ -106,13 +106,19 @@ def read_commit(ds: Dataset, table_dir: str, version: int) -> Commit | None:
     return commit
 
 
-def vacuumable(ds: Dataset, table_dir: str, location: DeltaLocation) -> Callable[[str], bool]:
+def vacuumable(
+    ds: Dataset, table_dir: str, location: DeltaLocation, trusted_until: int | None = None
+) -> Callable[[str], bool]:
     """Whether a vacuum on record may have deleted a file of the table: one that a
     commit removed at least the vacuum's retention before the vacuum ran (a
     ``VACUUM START`` commit records its time and retention). A file deleted
     inside the retention window, or with no vacuum at all, was not removed by
     the lakehouse. When log entries were cleaned up (after a checkpoint), any
     recorded vacuum counts, as nothing finer can be told.
+
+    With ``trusted_until`` (the table version the head names, whose log entries
+    the manifests hashed), a vacuum commit after it counts only if the
+    lakehouse stamped it: a vacuum forged by another writer excuses nothing.
     """
     from lakehouse_assets.versions import vacuum_ran
 
@@ -128,7 +134,9 @@ def vacuumable(ds: Dataset, table_dir: str, location: DeltaLocation) -> Callable
     for commit in commits:
         removed.update(commit.removes)
         info = commit.info or {}
-        if info.get("operation") == "VACUUM START":
+        if info.get("operation") == "VACUUM START" and (
+            trusted_until is None or commit.version <= trusted_until or commit.ours
+        ):
             params = info.get("operationParameters") or {}
             retention = str(
                 params.get("specifiedRetentionMillis") or params.get("defaultRetentionMillis")
@@ -181,6 +189,13 @@ def check_after_head(ds: Dataset, head: Version, report: VerifyReport) -> None:
             )
         added[name] = {}
         for commit in commits:
+            if not commit.ours and commit.operation.startswith("VACUUM"):
+                # changes no row; a release before vacuums were stamped, or another
+                # writer's vacuum (which excuses no missing file: see vacuumable)
+                report.notes.append(
+                    f"{commit.path}: a vacuum the lakehouse did not stamp (an older release?)"
+                )
+                continue
             if not commit.ours:
                 report.problems.append(
                     Problem(

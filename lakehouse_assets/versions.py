@@ -1412,7 +1412,12 @@ def verify(ds: Dataset, *, deep: bool = False, trusted_head: str | None = None) 
     from lakehouse_assets.verify_coverage import vacuumable
 
     vacuumed = {
-        name: vacuumable(ds, _table_dir(name), location)
+        name: vacuumable(
+            ds,
+            _table_dir(name),
+            location,
+            head_version.table_version(name) if head_version is not None else None,
+        )
         for name, location in (("statements", ds.statements_table), ("translog", ds.translog_table))
     }
     for version in versions:

@@ -266,6 +266,12 @@ def removed_inside_retention(root: Path) -> None:
     vacuum(root, 1000)
 
 
+def foreign_vacuum(root: Path) -> None:
+    """delta-rs's own vacuum (no lakehouse stamp) removing the files compact replaced."""
+    table = DeltaTable(str(D(root) / cv.STATEMENTS_TABLE))
+    assert table.vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)
+
+
 def swap_manifests(root: Path) -> None:
     one, two = manifest_path(root, 1), manifest_path(root, 2)
     a, b = one.read_bytes(), two.read_bytes()
@@ -438,6 +444,10 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     ),
     "replaced data file removed inside a vacuum's retention": (
         removed_inside_retention,
+        "data file is missing and no vacuum removed it",
+    ),
+    "replaced data files removed by a foreign vacuum": (
+        foreign_vacuum,
         "data file is missing and no vacuum removed it",
     ),
     "translog file edited": (
