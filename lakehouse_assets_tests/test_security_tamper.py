@@ -677,3 +677,15 @@ def test_a_flush_after_the_head_is_a_note_and_make_covers_it(
     assert head is not None and versions.covers(head, ds.snapshot())
     report = ds.verify(deep=True)
     assert report.ok and not report.notes, (report.problems, report.notes)
+
+
+def test_a_graph_rebuild_after_the_head_is_a_note(published: Path, tmp_path: Path) -> None:
+    """The graph index rebuilt by its own commits after the head: not published yet
+    (a note), where the same state.json edited by hand is a problem."""
+    from lakehouse_assets import graph
+
+    root, ds = copy_of(published, tmp_path)
+    graph.rebuild(ds)
+    report = ds.verify()
+    assert report.ok, report.problems
+    assert any("graph index was updated after version" in n for n in report.notes), report.notes
