@@ -405,6 +405,8 @@ def export(
     exporting the current snapshot and reporting the pending rows); the
     exports that need Spark share one pass over one pinned snapshot.
     """
+    from lakehouse_assets import versions
+
     clock = time.monotonic()
     result = ExportResult()
     unknown = set(kinds) - set(EXPORTS)
@@ -424,7 +426,13 @@ def export(
             cv.JOURNAL_LAST_UPDATED: journal_read,
             cv.STATEMENTS_LAST_UPDATED: tags.get(cv.STATEMENTS_LAST_UPDATED),
         }
-        spark_kinds = frozenset(k for k in kinds if k != INDEX and (force or not is_fresh(ds, k)))
+        # fresh by the tags, and byte for byte what the head published (a tag never
+        # excuses an export that differs from its manifest: it is written again)
+        spark_kinds = frozenset(
+            k
+            for k in kinds
+            if k != INDEX and (force or not is_fresh(ds, k) or not versions.published_intact(ds, k))
+        )
         result.skipped = [k for k in kinds if k != INDEX and k not in spark_kinds]
         if result.skipped:
             progress.stage("export %s: fresh, kept: %s", ds.name, ", ".join(result.skipped))
@@ -454,7 +462,12 @@ def export(
                 result.written[kind]["stamp"] = built.isoformat()
                 result.written[kind]["snapshot"] = list(snapshot.versions)
         if INDEX in kinds:
-            if force or not is_fresh(ds, INDEX) or spark_kinds:
+            if (
+                force
+                or not is_fresh(ds, INDEX)
+                or spark_kinds
+                or not versions.published_intact(ds, INDEX)
+            ):
                 progress.stage("export %s: index.json and the version manifest", ds.name)
                 statistics = tags.get(cv.EXPORTS_STATISTICS)
                 # the version describes what this pass exported (or, when every

@@ -6,6 +6,12 @@ on (``statements/last_updated``, ``journal/last_updated``; the index also on
 graph index is fresh when it reflects the current table versions; its Cypher
 export when it is newer than ``entities.ftm.json``.
 
+Tags are lake files a tamperer can move, so they never make a file fresh on
+their own: before keeping an export, ``make`` also holds it byte for byte to
+the head version's manifest (:func:`versions.published_intact`) and writes it
+again if it differs. ``lakehouse status`` reads the tags only (hashing the
+exports on every status would cost seconds at 10M statements).
+
 Reading it costs a few tag reads and one journal count: ``lakehouse status``,
 the Dagster freshness check and its sensor use it on every dataset. So the
 export kinds and their rule are defined here, and this module imports

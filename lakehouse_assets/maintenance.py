@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+from deltalake import CommitProperties
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, progress, staging
@@ -45,9 +46,43 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.versions import Version
 
 #: Sort order of statements files: point reads prune row groups on bucket and id.
 STATEMENTS_ORDER = ("bucket", "canonical_id", "prop", "value", "origin")
+
+
+@dataclass
+class Rewrite:
+    """A table rewrite that kept every live statement, to publish: the head it
+    started from (which named exactly the files it replaced) and the snapshot
+    it committed."""
+
+    parent: Version
+    snapshot: DatasetSnapshot
+
+
+def covered_head(ds: Dataset, before: DatasetSnapshot) -> Version | None:
+    """The head, if it names exactly the files of ``before`` (nothing unpublished):
+    a rewrite of ``before`` then needs only a version that carries the head's
+    statements over to the new files."""
+    from lakehouse_assets import versions
+
+    head = versions.head(ds)
+    return head if head is not None and versions.covers(head, before) else None
+
+
+def publish_rewrite(ds: Dataset, rewrite: Rewrite, operation: str) -> dict[str, Any]:
+    """Publish the files a compact or optimize wrote, so the head covers every file
+    readers read (``lakehouse verify`` holds them to it). Called after the table
+    lock is released (publishing tags the translog under it); a version published
+    meanwhile by ``make`` wins, and the next ``make`` covers the rewrite."""
+    from lakehouse_assets import versions
+
+    published = versions.publish_relayout(ds, rewrite.snapshot, rewrite.parent, operation)
+    if published.skipped:
+        log.info("%s %s: no version published: %s", operation, ds.name, published.skipped)
+    return published.as_dict()
 
 
 @dataclass
@@ -56,6 +91,10 @@ class CompactResult:
     removed_translog: int
     statements_version: int | None
     seconds: float
+    #: what to publish (None: nothing rewritten, or the head was not current)
+    rewrite: Rewrite | None = None
+    #: the version published for it
+    published: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -63,14 +102,18 @@ class CompactResult:
             "removed_translog": self.removed_translog,
             "statements_version": self.statements_version,
             "seconds": round(self.seconds, 3),
+            **({"published": self.published} if self.published is not None else {}),
         }
 
 
 def compact(ds: Dataset, *, wait: float | None = None) -> CompactResult:
-    """Compact (:func:`_compact`), leaving a job record (``jobs/runs/compact/``)."""
+    """Compact (:func:`_compact`), leaving a job record (``jobs/runs/compact/``);
+    then the rewritten tables are published (:func:`publish_rewrite`)."""
     with ds.job("compact") as job:
         progress.stage("compact %s: rewriting the live statements (Spark)", ds.name)
         result = _compact(ds, wait=wait)
+        if result.rewrite is not None:
+            result.published = publish_rewrite(ds, result.rewrite, "compact")
         job.run.stats = result.as_dict()
     progress.stage(
         "compact %s: done in %.1f s: %s live statements, %s deleted rows dropped",
@@ -97,6 +140,7 @@ def _compact(ds: Dataset, *, wait: float | None = None) -> CompactResult:
         current = DatasetSnapshot(Snapshot.load(main), Snapshot.load(ds.translog_table))
         if current.statements.version is None:
             return CompactResult(0, 0, None, time.monotonic() - clock)
+        parent = covered_head(ds, current)
         staging.clean_stale(ds, "compact")
         area = stack.enter_context(staging.area(ds, "compact"))
         spark = get_spark(ds.settings)
@@ -132,7 +176,14 @@ def _compact(ds: Dataset, *, wait: float | None = None) -> CompactResult:
         removed = _drop_deleted_translog(spark, ds, current.translog, lock.fence(), version, area)
         faults.point("compact.after_translog_commit")
         live_rows = sum(_records(a.stats) for a in actions)
-    return CompactResult(live_rows, removed, version, time.monotonic() - clock)
+        rewritten = ds.snapshot()  # under the lock: what this compact committed
+    return CompactResult(
+        live_rows,
+        removed,
+        version,
+        time.monotonic() - clock,
+        Rewrite(parent, rewritten) if parent is not None else None,
+    )
 
 
 def _drop_deleted_translog(
@@ -207,6 +258,8 @@ class OptimizeResult:
     files_added: int
     vacuumed: int
     seconds: float
+    rewrite: Rewrite | None = None
+    published: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -214,6 +267,7 @@ class OptimizeResult:
             "files_added": self.files_added,
             "vacuumed": self.vacuumed,
             "seconds": round(self.seconds, 3),
+            **({"published": self.published} if self.published is not None else {}),
         }
 
 
@@ -316,7 +370,13 @@ def _vacuum_table(location: DeltaLocation, retention: timedelta) -> int:
     if table is None:
         return 0
     hours = int(retention.total_seconds() // 3600)
-    removed = table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False)
+    removed = table.vacuum(
+        retention_hours=hours,
+        dry_run=False,
+        enforce_retention_duration=False,
+        # verify tells the lakehouse's vacuums from a foreign writer's commits
+        commit_properties=CommitProperties(custom_metadata={"lakehouse.operation": "vacuum"}),
+    )
     return len(removed)
 
 
@@ -340,6 +400,8 @@ def optimize(
             target_size=target_size,
             wait=wait,
         )
+        if result.rewrite is not None:
+            result.published = publish_rewrite(ds, result.rewrite, "optimize")
         job.run.stats = result.as_dict()
     progress.stage(
         "optimize %s: done in %.1f s: %d files merged into %d, %d vacuumed",
@@ -377,6 +439,8 @@ def _optimize(
     with ds.table_lock("optimize", wait=wait) as lock, ExitStack() as stack:
         staging.clean_stale(ds, "optimize")
         area = stack.enter_context(staging.area(ds, "optimize"))
+        before = ds.snapshot()
+        parent = covered_head(ds, before)
         spark = None
         published: int | None = None
         main = ds.statements_table
@@ -460,4 +524,8 @@ def _optimize(
             for table in (graph.BY_SOURCE, graph.BY_TARGET, graph.TOMBSTONES):
                 vacuumed += _vacuum_table(graph.table_location(ds, table), timedelta(hours=hours))
         ds.core_tags.touch(cv.STATEMENTS_OPTIMIZED)
-    return OptimizeResult(removed, added, vacuumed, time.monotonic() - clock)
+        after = ds.snapshot()  # under the lock: what this optimize committed
+    rewrite = None
+    if parent is not None and after.versions != before.versions:
+        rewrite = Rewrite(parent, after)
+    return OptimizeResult(removed, added, vacuumed, time.monotonic() - clock, rewrite)
