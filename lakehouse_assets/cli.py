@@ -24,6 +24,7 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import InvalidInputError, LakehouseError
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.settings import MAX_RETENTION_HOURS, Settings
+from lakehouse_assets.storage import check_lake_uri
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,7 +55,7 @@ class Context:
                     "no lake given: pass --lake FOLDER|s3://bucket/prefix, set "
                     "LAKEHOUSE_LAKE_URI, or put LAKEHOUSE_LAKE_URI=… in ./lakehouse.env"
                 )
-            uri = self.settings.lake_uri
+            uri = check_lake_uri(self.settings.lake_uri)
             if not create and not uri.startswith("s3://"):
                 folder = Path(uri.removeprefix("file://")).expanduser()
                 # a file in the way: the store says so (its error names it)
@@ -87,8 +88,68 @@ def one_line(message: str) -> str:
     return re.sub(r"\s*\n\s*", " ", message.strip())
 
 
+def _undecodable(value: object) -> str | None:
+    """A str (or one in a tuple) that cannot be UTF-8 text, shown safely; else None.
+
+    An argument or environment value that is not valid UTF-8 reaches Python
+    with each bad byte as a lone surrogate (``$'\\xff'`` -> ``'\\udcff'``); no
+    id, name or path of the lake can hold one, and handing it on makes
+    whatever encodes it first (SQLite, DuckDB, a file name) raise.
+    """
+    for item in value if isinstance(value, tuple | list) else (value,):
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return ascii(item if len(item) <= 60 else item[:60] + "…")
+    return None
+
+
+def check_text_params(ctx: click.Context) -> None:
+    """Refuse, naming the argument or option, any parsed value that is not UTF-8 text."""
+    for param in ctx.command.params:
+        shown = _undecodable(ctx.params.get(param.name or ""))
+        if shown is not None:
+            raise click.BadParameter(
+                f"{shown} is not valid UTF-8 text (a byte such as \\xff on its own)",
+                ctx=ctx,
+                param=param,
+            )
+
+
+class LakehouseCommand(click.Command):
+    """A command whose arguments are checked to be UTF-8 text before it runs."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        check_text_params(ctx)
+        return rest
+
+
+class LakehouseSubGroup(click.Group):
+    """A group under ``lakehouse`` (``datasets``, ``archive``...): its options and
+    commands are checked the same way; errors are handled by the root group."""
+
+    command_class = LakehouseCommand
+    group_class = type
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        check_text_params(ctx)
+        return rest
+
+
 class LakehouseGroup(click.Group):
     """Every error as one line on stderr: exit 1 for bad input, 2 for a bad command line."""
+
+    #: the commands and groups under it check their arguments (UTF-8 text)
+    command_class = LakehouseCommand
+    group_class = LakehouseSubGroup
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        check_text_params(ctx)
+        return rest
 
     def main(
         self,
@@ -136,6 +197,11 @@ def user_error(exc: BaseException) -> str | None:
     """
     if isinstance(exc, LakehouseError):
         return str(exc)
+    if isinstance(exc, UnicodeEncodeError) and isinstance(exc.object, str):
+        # a lone surrogate: undecodable bytes of an argument, a setting or a file
+        # name that reached a library by another way than a checked argument
+        bad = exc.object[exc.start : exc.end]
+        return f"{ascii(bad)} in {ascii(exc.object[:60])} is not valid UTF-8 text"
     kind = type(exc)
     module = kind.__module__.split(".")[0]
     if module == "ftmq":
@@ -499,7 +565,9 @@ def unlock_cmd(obj: Context, operation: str | None) -> None:
       lakehouse -d my_dataset unlock --operation export
     """
     ds = obj.dataset()
-    lock = ds.operation_lock(operation) if operation else ds.lock()
+    # `--operation ''` is an (invalid) operation name, not "no operation": it must
+    # never fall through to the dataset's .LOCK
+    lock = ds.operation_lock(operation) if operation is not None else ds.lock()
     click.echo(lock.force_release())
 
 
@@ -1260,7 +1328,8 @@ def versions_cmd(obj: Context, as_json: bool) -> None:
 @click.argument("key")
 @pass_ctx
 def trace_cmd(obj: Context, key: str) -> None:
-    """Where statements came from: an entity id (all its statements) or a statement id.
+    """Where statements came from: an entity id (all its statements) or a statement id
+    (exit 1 if there is none).
 
     One JSON line per statement: its values, origin and what the origin names
     (the archived file, the mapping, the crawl runs), first_seen / last_seen /
@@ -1273,9 +1342,8 @@ def trace_cmd(obj: Context, key: str) -> None:
     """
     ds = obj.dataset()
     found = ds.trace(key)
-    if not found:
-        click.echo(f"no entity or statement {key!r} in dataset {ds.name!r}", err=True)
-        return
+    if not found:  # a typo must not look like success to a script: exit 1
+        raise click.ClickException(f"no statements for id {key!r} in dataset {ds.name!r}")
     for item in found:
         _echo_json(item)
 

@@ -47,7 +47,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 from deltalake import (
     BloomFilterProperties,
     ColumnProperties,
@@ -67,7 +66,6 @@ from lakehouse_assets.tables import (
     DataFile,
     DatasetSnapshot,
     arrow_dataset,
-    arrow_filesystem,
     point_lookup,
 )
 
@@ -542,6 +540,38 @@ def check_id(entity_id: str) -> str:
     return entity_id
 
 
+def check_filters(props: Sequence[str] | None, schemata: Sequence[str] | None) -> None:
+    """Refuse property and schema names the FollowTheMoney model does not have.
+
+    A misspelt filter (``--prop wings``, ``--schema Persn``) would otherwise
+    match nothing and read as "no edges", a wrong answer that looks right.
+    Properties must be ones that link entities (the forward, stored ones: the
+    index holds statements, and the model's reverse properties have none).
+    """
+    if not props and not schemata:
+        return
+    from followthemoney import model
+    from followthemoney.types import registry
+
+    for name in schemata or ():
+        if model.get(name) is None:
+            raise InvalidNameError(
+                f"unknown schema {name[:60]!r}: not a FollowTheMoney schema (e.g. Person, Company)"
+            )
+    linking = {
+        p.name
+        for schema in model.schemata.values()
+        for p in schema.properties.values()
+        if p.type == registry.entity and not p.stub
+    }
+    for name in props or ():
+        if name not in linking:
+            raise InvalidNameError(
+                f"unknown property {name[:60]!r}: not a FollowTheMoney property that links "
+                "entities (e.g. owner, asset, director, organization)"
+            )
+
+
 def _lookup(
     ds: Dataset,
     table: str,
@@ -589,16 +619,13 @@ def _visible(ds: Dataset, rows: pa.Table, state: GraphState) -> pa.Table:
         listed = state.files.get(TOMBSTONES) or _table_files(ds, TOMBSTONES, "edge_id")
         if listed:
             root = location.uri.rstrip("/")
-            fs, _ = arrow_filesystem(root, location.storage_options)
-            tombs = pads.dataset(
-                [
-                    arrow_filesystem(f"{root}/{f['path']}", location.storage_options)[1]
-                    for f in listed
-                ],
-                schema=TOMBSTONE_SCHEMA,
-                format="parquet",
-                filesystem=fs,
-            ).to_table(filter=pc.field("edge_id").isin(rows.column("edge_id").combine_chunks()))
+            files = [
+                DataFile(f"{root}/{f['path']}", str(f["path"]), 0, {}, None, None) for f in listed
+            ]
+            # the table's types whoever wrote the files (see tables.arrow_dataset)
+            tombs = arrow_dataset(files, TOMBSTONE_SCHEMA, location.storage_options).to_table(
+                filter=pc.field("edge_id").isin(rows.column("edge_id").combine_chunks())
+            )
             tombs = tombs.filter(pc.is_in(tombs.column("generation"), done))
             if tombs.num_rows:
                 latest = tombs.group_by(["origin", "edge_id"]).aggregate([("generation", "max")])
@@ -655,6 +682,7 @@ def refs(
     check_id(entity_id)
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, not {direction!r}")
+    check_filters(props, schemata)
     if as_of is not None:
         scanned = _scan_edges(ds, entity_id, direction, props, as_of)
         return _describe(ds, scanned, schemata, as_of)

@@ -20,7 +20,10 @@ A lock is **stale**, and is taken over, when
 * it cannot be read as a lock (empty, torn, garbage, fields missing): no live
   holder wrote it, since every holder writes a complete document atomically;
 * its holder ran on this host and is gone: the pid is dead, or it now belongs
-  to a process that started at another time, or the host rebooted since;
+  to a process that started at another time, or the host rebooted since. A
+  document that names this host but records no valid start time (or boot id)
+  for its pid was not written by a holder here (every holder records both),
+  so it is stale too: a forged ``pid: 1`` cannot block the writers;
 * it is older than the TTL (``LAKEHOUSE_LOCK_TTL_SECONDS``), wherever the
   holder runs (a holder on another host cannot be checked otherwise).
 
@@ -48,7 +51,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import LockedError, LockLostError
@@ -60,6 +63,24 @@ log = logging.getLogger(__name__)
 FENCE_APP_ID = "lakehouse.writer"
 #: A lock time this far in the future means the writer's clock is off.
 CLOCK_SKEW = timedelta(minutes=5)
+#: Linux's largest ``pid_max`` (2**22): no process has a larger pid, and 0 or a
+#: negative pid names a process group, not a process.
+PID_MAX = 2**22
+#: Largest generation a lock may carry: the fence stores it as a Delta app
+#: transaction version (a signed 64-bit integer) and the next holder adds one.
+GENERATION_MAX = 2**62
+#: Largest process start time (clock ticks since boot) a lock may record.
+START_MAX = 2**63 - 1
+
+
+def is_int_in(value: object, low: int, high: int) -> TypeGuard[int]:
+    """True for an ``int`` (not a bool: JSON ``true`` is no number) in ``low..high``."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def valid_pid(value: object) -> TypeGuard[int]:
+    """Whether ``value`` can be the pid of a process (``1..PID_MAX``, not a bool)."""
+    return is_int_in(value, 1, PID_MAX)
 
 
 # --- who we are -------------------------------------------------------------
@@ -78,8 +99,11 @@ def process_start(pid: int) -> int | None:
     """When a process started (clock ticks since boot), or None if unknown/gone.
 
     Together with the boot id this tells a pid's current process from an
-    earlier one that had the same number.
+    earlier one that had the same number. A value that cannot be a pid (a
+    forged lock's ``2**70``, ``-1``) names no process: None.
     """
+    if not valid_pid(pid):
+        return None
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -90,6 +114,14 @@ def process_start(pid: int) -> int | None:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one we may not signal counts).
+
+    Only a valid pid is asked about: ``os.kill`` overflows on ``2**70`` and
+    ``0``/``-1`` would address process groups (``-1``: every process), which
+    always "exist".
+    """
+    if not valid_pid(pid):
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -119,7 +151,7 @@ class LockState:
         if self.data is None:
             return 0
         gen = self.data.get("generation")
-        return gen if isinstance(gen, int) and gen > 0 else 0
+        return gen if is_int_in(gen, 1, GENERATION_MAX) else 0
 
     @property
     def token(self) -> str | None:
@@ -174,11 +206,40 @@ def parse_state(version: Versioned | None) -> LockState:
     if not isinstance(data, dict) or data.get("state") not in ("held", "free"):
         return LockState(version, None, "the lock file is not a lock document")
     state = LockState(version, data)
-    if state.held:
+    problem = _field_problem(data)
+    if problem is None and state.held:
         missing = [k for k in ("pid", "host", "acquired_at", "token") if not data.get(k)]
-        if missing or not isinstance(data.get("pid"), int) or state.acquired_at() is None:
-            return LockState(version, data, f"the lock file lacks {', '.join(missing) or 'a time'}")
-    return state
+        if missing:
+            problem = f"the lock file lacks {', '.join(missing)}"
+        elif state.acquired_at() is None:
+            problem = "the lock file's time is not an ISO timestamp"
+    return state if problem is None else LockState(version, data, problem)
+
+
+#: The numbers of a lock document and their ranges.
+_RANGES: dict[str, tuple[int, int]] = {
+    "generation": (0, GENERATION_MAX),
+    "pid": (1, PID_MAX),
+    "pid_start": (0, START_MAX),
+}
+
+
+def _field_problem(data: dict[str, Any]) -> str | None:
+    """Why a lock document's fields cannot be from a holder (types and ranges), or None.
+
+    Every holder writes them itself (:meth:`Lock._document`), so a value out of
+    range is garbage or a forgery: the lock is stale rather than a crash later
+    (``os.kill`` overflows on a 70-bit pid) or a writer blocked for the TTL.
+    """
+    for key, (low, high) in _RANGES.items():
+        value = data.get(key)
+        if value is not None and not is_int_in(value, low, high):
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "…"
+            return f"the lock file's {key} {shown} is not an integer in {low}..{high}"
+    for key in ("host", "boot_id", "token", "tenant", "operation", "acquired_at"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            return f"the lock file's {key} is not text"
+    return None
 
 
 # --- the lock -------------------------------------------------------------------
@@ -212,7 +273,9 @@ class Lock:
         self.store = store
         self.path = path
         self.tenant = tenant
-        self.operation = operation
+        # an operation names the lock (``locks/{tenant}/{operation}``) and is
+        # recorded in it: one path segment, never empty
+        self.operation = cv.job_type(operation)
         self.ttl = timedelta(seconds=ttl_seconds)
         #: The command that clears this lock, for messages.
         self.hint = hint
@@ -253,13 +316,27 @@ class Lock:
             return f"it is older than the TTL ({_duration(self.ttl)})"
         if data.get("host") != socket.gethostname():
             return None  # another machine: only the TTL can tell
-        if data.get("boot_id") and boot_id() and data["boot_id"] != boot_id():
-            return "this host restarted since it was taken"
-        pid = int(data["pid"])
+        # this host: the holder recorded its boot and its process's start time
+        # (every holder does, see _document); a document without them, or with
+        # other values, names no running holder
+        here = boot_id()
+        recorded_boot = data.get("boot_id")
+        if here is not None and recorded_boot != here:
+            if recorded_boot:
+                return "this host restarted since it was taken"
+            return "it records no boot id of this host"
+        pid = data["pid"]  # a valid pid: parse_state checked it
         if not pid_alive(pid):
             return f"its process {pid} is gone"
+        if process_start(os.getpid()) is None:
+            return None  # no /proc here: a live pid is all that can be known
         started = data.get("pid_start")
-        if isinstance(started, int) and process_start(pid) not in (None, started):
+        if started is None:
+            return f"it records no start time for pid {pid}"
+        now = process_start(pid)
+        if now is None:
+            return f"its process {pid} is gone"
+        if now != started:
             return f"pid {pid} now belongs to another process"
         return None
 

@@ -70,6 +70,11 @@ def area(ds: Dataset, operation: str, run_id: str | None = None) -> Iterator[str
         remove(ds, rel)
 
 
+def _is_local_folder(ds: Dataset, rel: str) -> bool:
+    """Whether ``rel`` is a folder of a local lake (an empty one included)."""
+    return isinstance(ds.store, LocalStore) and ds.store.local_path(rel).is_dir()
+
+
 def remove(ds: Dataset, rel: str) -> Cleaned:
     """Delete a staging area (or any lake folder) and say what it held."""
     store = ds.store
@@ -91,13 +96,15 @@ def clean_stale(ds: Dataset, operation: str) -> Cleaned:
     cleaned = Cleaned()
     prefix = f"{cv.job_type(operation)}-"
     base = cv.dataset_path(ds.name, cv.STAGING)
-    for name in ds.store.list_dirs(base):
+    # empty areas too: a run killed before it wrote anything leaves an empty
+    # folder in a local lake, which a listing of what holds files never shows
+    for name in ds.store.list_dirs(base, empty=True):
         if name.startswith(prefix):
             cleaned.add(remove(ds, f"{base}/{name}"))
     legacy = LEGACY.get(operation)
     if legacy is not None:
         old = cv.dataset_path(ds.name, legacy)
-        if ds.store.list_dirs(old):
+        if ds.store.list_dirs(old, empty=True) or _is_local_folder(ds, old):
             cleaned.add(remove(ds, old))
     return cleaned
 

@@ -142,8 +142,12 @@ class Store(ABC):
     def write_text(self, path: str, text: str) -> None:
         self.write_bytes(path, text.encode("utf-8"))
 
-    def list_dirs(self, prefix: str) -> builtins.list[str]:
-        """Names of the direct children of ``prefix`` that hold anything."""
+    def list_dirs(self, prefix: str, *, empty: bool = False) -> builtins.list[str]:
+        """Names of the direct children of ``prefix`` that hold anything.
+
+        ``empty``: also the empty folders (a local lake has them, e.g. a staging
+        area whose run was killed before writing; an object store has none).
+        """
         prefix = prefix.rstrip("/") + "/" if prefix else ""
         names = {p[len(prefix) :].split("/", 1)[0] for p in self.list(prefix)}
         return sorted(n for n in names if n)
@@ -296,8 +300,9 @@ class LocalStore(Store):
                 found.append(full.relative_to(self.root).as_posix())
         yield from sorted(found)
 
-    def list_dirs(self, prefix: str) -> builtins.list[str]:
-        """Direct children of ``prefix`` that hold anything (one directory read, no walk)."""
+    def list_dirs(self, prefix: str, *, empty: bool = False) -> builtins.list[str]:
+        """Direct children of ``prefix`` that hold anything (one directory read, no walk);
+        with ``empty``, empty folders too (what a clean-up must also see)."""
         base = self._path(prefix.rstrip("/")) if prefix else self.root
         if not base.is_dir():
             return []
@@ -305,7 +310,7 @@ class LocalStore(Store):
             e.name
             for e in os.scandir(base)
             if (e.is_file() and not (e.name.startswith(".") and e.name.endswith(".tmp")))
-            or (e.is_dir() and any(os.scandir(e.path)))
+            or (e.is_dir() and (empty or any(os.scandir(e.path))))
         )
 
     def entries(self, prefix: str) -> Iterator[Entry]:
@@ -498,8 +503,9 @@ class S3Store(Store):
                     f"size={size};etag={etag}",
                 )
 
-    def list_dirs(self, prefix: str) -> builtins.list[str]:
-        """Direct children of ``prefix`` (a delimited listing, not every key)."""
+    def list_dirs(self, prefix: str, *, empty: bool = False) -> builtins.list[str]:
+        """Direct children of ``prefix`` (a delimited listing, not every key); S3 has
+        no empty folders, so ``empty`` changes nothing."""
         full = (
             self._key(prefix.rstrip("/")) + "/"
             if prefix
@@ -548,13 +554,22 @@ class S3Store(Store):
         return opts
 
 
-def open_store(settings: Settings) -> Store:
-    """The store for ``settings.lake_uri`` (local folder or s3://)."""
-    uri = settings.lake_uri
-    if uri.startswith("s3://"):
-        return S3Store(uri, settings)
-    if "://" in uri and not uri.startswith("file://"):
+def check_lake_uri(uri: str) -> str:
+    """A lake URI a store can open: a local folder, ``file://`` or ``s3://``.
+
+    Checked before anything looks for the lake, so ``--lake ftp://…`` says the
+    scheme is unsupported instead of suggesting to create a lake there.
+    """
+    if "://" in uri and not uri.startswith(("s3://", "file://")):
         raise ConfigurationError(
             f"Unsupported lake URI {uri!r}: use a local folder, file:// or s3://"
         )
+    return uri
+
+
+def open_store(settings: Settings) -> Store:
+    """The store for ``settings.lake_uri`` (local folder or s3://)."""
+    uri = check_lake_uri(settings.lake_uri)
+    if uri.startswith("s3://"):
+        return S3Store(uri, settings)
     return LocalStore(uri)

@@ -304,24 +304,76 @@ def arrow_dataset(
 
     DuckDB and pyarrow push filters and projections into it, and prune row
     groups by their statistics.
+
+    Every column reads with the table's type (``schema``). Files of another
+    writer may store other Arrow types: a delta-rs ``delete()`` or ``update()``
+    (DataFusion) rewrites files with ``string_view`` columns, and pyarrow has
+    no filter kernels for those (``no kernel matching input types (string,
+    string_view)``): a pushed-down filter would fail on every later read of the
+    dataset. Such files (told by their footers, cached) are read and cast to
+    the table's types here, and the dataset is the union of them and the
+    others; the lakehouse's own files are scanned in place as always.
     """
     if not files:
         return pads.dataset(pa.Table.from_batches([], schema=schema))
-    fs, _ = arrow_filesystem(files[0].uri, storage_options)
-    paths = [arrow_filesystem(f.uri, storage_options)[1] for f in files]
-    partitions = [
-        pc.field(partition) == pc.scalar(f.partition_values.get(partition))
-        if partition is not None and f.partition_values.get(partition) is not None
-        else pc.scalar(True)
-        for f in files
-    ]
-    return pads.FileSystemDataset.from_paths(
-        paths,
-        schema=schema,
-        format=pads.ParquetFileFormat(),
-        filesystem=fs,
-        partitions=partitions,
+    foreign = [f for f in files if _foreign_types(f, schema, storage_options)]
+    native = [f for f in files if f not in foreign] if foreign else list(files)
+    parts: list[pads.Dataset] = []
+    if native:
+        fs, _ = arrow_filesystem(native[0].uri, storage_options)
+        paths = [arrow_filesystem(f.uri, storage_options)[1] for f in native]
+        partitions = [
+            pc.field(partition) == pc.scalar(f.partition_values.get(partition))
+            if partition is not None and f.partition_values.get(partition) is not None
+            else pc.scalar(True)
+            for f in native
+        ]
+        parts.append(
+            pads.FileSystemDataset.from_paths(
+                paths,
+                schema=schema,
+                format=pads.ParquetFileFormat(),
+                filesystem=fs,
+                partitions=partitions,
+            )
+        )
+    if foreign:
+        tables = [_read_cast(f, schema, storage_options, partition) for f in foreign]
+        parts.append(pads.InMemoryDataset(pa.concat_tables(tables), schema=schema))
+    return parts[0] if len(parts) == 1 else pads.UnionDataset(schema, parts)
+
+
+def _foreign_types(f: DataFile, schema: pa.Schema, storage_options: Mapping[str, str]) -> bool:
+    """Whether a file stores a column of ``schema`` with another Arrow type
+    (``string_view``, ``large_string``...): see :func:`arrow_dataset`."""
+    try:
+        stored = _row_group_index(f.uri, tuple(sorted(storage_options.items()))).arrow_schema
+    except (OSError, ValueError, pa.ArrowException):
+        return False  # unreadable (vacuumed...): the scan says so, as it always did
+    return any(
+        field.name in schema.names and field.type != schema.field(field.name).type
+        for field in stored
     )
+
+
+def _read_cast(
+    f: DataFile, schema: pa.Schema, storage_options: Mapping[str, str], partition: str | None
+) -> pa.Table:
+    """A whole file with the table's column types (partition value from the log,
+    columns the file lacks as NULL)."""
+    fs, path = arrow_filesystem(f.uri, storage_options)
+    with fs.open_input_file(path) as handle:
+        parquet = pq.ParquetFile(handle)
+        present = [n for n in schema.names if n in parquet.schema_arrow.names and n != partition]
+        table = parquet.read(columns=present)
+    columns = []
+    for field in schema:
+        if field.name in present:
+            columns.append(table.column(field.name).cast(field.type))
+        else:
+            value = f.partition_values.get(field.name) if field.name == partition else None
+            columns.append(pa.array([value] * table.num_rows, field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def read_files(
@@ -407,11 +459,13 @@ class RowGroupIndex:
     footer when a lookup first needs that column): what a point read needs to
     pick row groups without opening the file."""
 
-    __slots__ = ("metadata", "columns", "_ranges")
+    __slots__ = ("metadata", "arrow_schema", "columns", "_ranges")
 
     def __init__(self, metadata: pq.FileMetaData) -> None:
         self.metadata = metadata
-        self.columns: tuple[str, ...] = tuple(metadata.schema.to_arrow_schema().names)
+        #: the Arrow types the file reads as (its writer's, e.g. delta-rs's string_view)
+        self.arrow_schema: pa.Schema = metadata.schema.to_arrow_schema()
+        self.columns: tuple[str, ...] = tuple(self.arrow_schema.names)
         self._ranges: dict[str, tuple[tuple[Any, Any] | None, ...]] = {}
 
     def ranges(self, column: str) -> tuple[tuple[Any, Any] | None, ...]:

@@ -107,6 +107,15 @@ class SnapshotReader(DataSourceReader):
             present = set(reader.schema_arrow.names)
             columns = [c for c in stored if c in present]
             for batch in reader.iter_batches(batch_size=65_536, columns=columns):
+                # the table's types first: another writer's file may store
+                # string_view or large types, which pyarrow's kernels refuse
+                batch = pa.RecordBatch.from_arrays(
+                    [
+                        column if column.type == self.types[name] else column.cast(self.types[name])
+                        for name, column in zip(batch.schema.names, batch.columns, strict=True)
+                    ],
+                    names=batch.schema.names,
+                )
                 if self.buckets is not None:
                     mask = pc.is_in(batch.column("bucket"), pa.array(self.buckets, pa.int32()))
                     batch = batch.filter(mask)
@@ -119,10 +128,7 @@ class SnapshotReader(DataSourceReader):
                     elif name not in present:
                         arrays.append(pa.nulls(batch.num_rows, self.types[name]))
                     else:
-                        column = batch.column(name)
-                        if column.type != self.types[name]:
-                            column = column.cast(self.types[name])
-                        arrays.append(column)
+                        arrays.append(batch.column(name))
                 yield pa.RecordBatch.from_arrays(arrays, names=self.columns)
 
 
