@@ -244,6 +244,29 @@ def load_catalog_config(store: Store) -> CatalogConfig | None:
     return None if data is None else parse_catalog_config(data, where)
 
 
+def load_dataset_config(store: Store, dataset: str) -> dict[str, Any]:
+    """A dataset's ``config.yml`` as a mapping (empty when blank), read with the
+    same bounds as the catalog's (size, depth, aliases, duplicate keys).
+
+    The dataset configs were read with a plain ``yaml.safe_load``: a
+    10,000-deep file raised RecursionError in every command that lists the
+    catalog. ``InvalidConfigError`` names the file and the problem, never its text.
+    """
+    path = cv.dataset_path(dataset, cv.CONFIG)
+    where = store.full_uri(path)
+    with store.open_read(path) as fh:
+        data = fh.read(MAX_CONFIG_BYTES + 1)
+    try:
+        raw = load_yaml(data, max_bytes=MAX_CONFIG_BYTES)
+    except BoundedParseError as exc:
+        raise InvalidConfigError(f"{where}: {exc}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidConfigError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    return raw
+
+
 def apply_catalog_config(
     settings: Settings, config: CatalogConfig | None, explicit: set[str]
 ) -> tuple[Settings, dict[str, Source]]:

@@ -33,6 +33,7 @@ from lakehouse_assets.catalog import (
     Source,
     apply_catalog_config,
     load_catalog_config,
+    load_dataset_config,
 )
 from lakehouse_assets.delta import DeltaLocation
 from lakehouse_assets.errors import DatasetNotFoundError, InvalidInputError
@@ -127,7 +128,7 @@ class Lakehouse:
         path = cv.dataset_path(name, cv.CONFIG)
         current: dict[str, Any] = {}
         if self.store.exists(path):
-            current = yaml.safe_load(self.store.read_text(path)) or {}
+            current = load_dataset_config(self.store, name)
         elif self.catalog_config is not None:
             current = copy.deepcopy(self.catalog_config.dataset_defaults)
         current.update({k: v for k, v in fields.items() if v is not None})
@@ -166,7 +167,7 @@ class Lakehouse:
 
         entries = []
         for name in self.datasets():
-            cfg = yaml.safe_load(self.store.read_text(cv.dataset_path(name, cv.CONFIG))) or {}
+            cfg = load_dataset_config(self.store, name)
             entry: dict[str, Any] = {"name": name, "title": cfg.get("title", name)}
             head = versions.head(self.dataset(name))
             if head is not None:
@@ -241,7 +242,7 @@ class Dataset:
     def config(self) -> DatasetModel:
         from followthemoney.dataset.dataset import DatasetModel
 
-        raw = yaml.safe_load(self.store.read_text(cv.dataset_path(self.name, cv.CONFIG))) or {}
+        raw = load_dataset_config(self.store, self.name)
         return DatasetModel.model_validate(raw)
 
     def lock(self, operation: str = "tables") -> Lock:

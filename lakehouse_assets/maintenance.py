@@ -26,8 +26,10 @@ from deltalake import CommitProperties
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, progress, staging
 from lakehouse_assets.delta import DeltaLocation, commit, remove_action
+from lakehouse_assets.errors import InvalidInputError
 from lakehouse_assets.exports import live_frame
 from lakehouse_assets.locks import Fence
+from lakehouse_assets.settings import MAX_RETENTION_HOURS
 from lakehouse_assets.spark.delta_io import read_snapshot, write_files
 from lakehouse_assets.spark.session import get_spark, partitions_for, ranged
 from lakehouse_assets.tables import (
@@ -388,7 +390,20 @@ def optimize(
     target_size: int | None = None,
     wait: float | None = None,
 ) -> OptimizeResult:
-    """Optimize (:func:`_optimize`), leaving a job record (``jobs/runs/optimize/``)."""
+    """Optimize (:func:`_optimize`), leaving a job record (``jobs/runs/optimize/``).
+
+    ``retention_hours`` is held to the setting's bounds before any work: the
+    Python API took any number, and 1e29 hours overflowed the vacuum's dates.
+    """
+    if retention_hours is not None and (
+        isinstance(retention_hours, bool)
+        or not isinstance(retention_hours, int)
+        or not 0 <= retention_hours <= MAX_RETENTION_HOURS
+    ):
+        raise InvalidInputError(
+            f"dataset {ds.name!r}: retention_hours must be a whole number of hours from 0 "
+            f"to {MAX_RETENTION_HOURS}, got {retention_hours!r}"
+        )
     with ds.job("optimize") as job:
         progress.stage(
             "optimize %s: merging small files (Spark)%s", ds.name, vacuum and ", then vacuum" or ""

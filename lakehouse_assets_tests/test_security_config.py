@@ -399,3 +399,34 @@ def test_bounded_json() -> None:
     # a million levels: no RecursionError (json.loads alone would raise it)
     with pytest.raises(BoundedParseError, match="nested deeper"):
         load_json("[" * 1_000_000 + "]" * 1_000_000, max_bytes=10_000_000)
+
+
+@pytest.mark.parametrize("hours", [10**29, -1, True, 2.5, MAX_RETENTION_HOURS + 1])
+def test_the_python_api_retention_is_bounded_before_any_work(
+    local_lake: Lakehouse, hours: Any
+) -> None:
+    """``Dataset.optimize(retention_hours=…)`` took any number (1e29 overflowed the
+    vacuum's dates); now the setting's bounds hold, refused before Spark starts."""
+    ds = local_lake.create_dataset("ds")
+    with pytest.raises(InvalidInputError, match="retention_hours must be a whole number"):
+        ds.optimize(vacuum=True, retention_hours=hours)
+    assert not local_lake.store.exists(cv.dataset_path("ds", "jobs"))
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("a: " + "[" * 10_000 + "]" * 10_000 + "\n", "deeper"),
+        ("title: a\ntitle: b\n", "duplicate"),
+    ],
+)
+def test_a_dataset_config_is_read_bounded(local_lake: Lakehouse, text: str, problem: str) -> None:
+    """A dataset's own config.yml goes through the same bounded reader as the
+    catalog's: a 10,000-deep or duplicate-key file is one error naming it,
+    not a RecursionError in every command that lists the catalog."""
+    local_lake.create_dataset("ds")
+    local_lake.store.write_text(cv.dataset_path("ds", cv.CONFIG), text)
+    for read in (lambda: local_lake.dataset("ds").config(), local_lake.write_catalog):
+        with pytest.raises(InvalidConfigError, match=problem) as err:
+            read()
+        assert "ds/config.yml" in str(err.value) and "\n" not in str(err.value)
