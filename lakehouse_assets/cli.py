@@ -1363,10 +1363,14 @@ def trace_cmd(obj: Context, key: str) -> None:
 def verify_cmd(obj: Context, deep: bool, trusted_head: str | None, as_json: bool) -> None:
     """Check the version chain and re-hash what it references; exit 1 on any problem.
 
-    Replays the chain (sequence, parent hashes, times), checks the Delta
-    commits that carry each version's hash and the log entries it hashed,
-    re-hashes data files, the published index.json and diffs of every version
-    and the head's exports. --deep recomputes the logical hash from the tables.
+    Replays the chain (sequence, parent hashes, times, latest.json), checks
+    the Delta commits that carry each version's hash (the newest must be the
+    head: a rolled-back version is caught) and the log entries it hashed,
+    re-hashes data files, the published index.json and diffs of every version,
+    the head's exports, the graph index and the catalog entry. Every file the
+    tables read now must be covered by the head or added by a lakehouse commit
+    after it (a note until make); a commit no lakehouse operation made is a
+    problem. --deep recomputes the logical hash from the tables.
 
     \b
     Examples:

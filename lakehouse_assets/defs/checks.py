@@ -285,8 +285,10 @@ def _exports_match(ds: Dataset, spark: SparkResource) -> dg.AssetCheckResult:
 @dg.asset_check(
     asset="index",
     description="The dataset's version chain verifies: manifests linked by their hashes, "
-    "each carried by a Delta commit, every referenced file and the head's exports "
-    "re-hashed (`lakehouse verify`; `--deep` also recomputes the logical hash).",
+    "the head anchored in the Delta commit that published it (a rolled-back version fails), "
+    "every file readers trust (table files, exports, index.json, diffs, graph index, catalog "
+    "entry) covered by the head's manifest, and no foreign commit after it "
+    "(`lakehouse verify`; `--deep` also recomputes the logical hash).",
 )
 def versions_verified(
     context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource
