@@ -125,7 +125,7 @@ def get_spark(settings: Settings | None = None) -> SparkSession:
             # pyspark decides per process whether its functions build Connect or
             # classic expressions: the two cannot be mixed in one process
             raise ConfigurationError(
-                f"this process already runs Spark {'in process' if other[0] == 'local' else 'at ' + other[0]}; "
+                f"this process already runs Spark {'in process' if other[0] == 'local' else 'at ' + redacted_url(other[0])}; "
                 "one process cannot use both Spark Connect and an in-process Spark"
             )
         session = _connect(settings) if remote else _start_local(settings)
@@ -142,29 +142,67 @@ def _connect(settings: Settings) -> SparkSession:
 
     from pyspark.sql import SparkSession
 
-    from lakehouse_assets.spark.connect import answers, require_current_code
+    from lakehouse_assets.spark.connect import (
+        answers,
+        authenticated_url,
+        is_loopback,
+        require_current_code,
+        token_file,
+    )
 
     url = str(settings.spark_remote)
     parsed = urlparse(url.replace("sc://", "http://", 1))
     host, port = parsed.hostname or "127.0.0.1", parsed.port or 15002
+    shown = redacted_url(url)
     if not answers(host, port, timeout=3.0):
         # fail fast: the client would otherwise retry for minutes
         hint = (
             "start one with `lakehouse spark start`"
-            if host in ("127.0.0.1", "localhost")
+            if is_loopback(host)
             else "check the address and that the cluster is up"
         )
         raise ConfigurationError(
-            f"no Spark Connect server answers at {url} (LAKEHOUSE_SPARK_REMOTE): {hint}"
+            f"no Spark Connect server answers at {shown} (LAKEHOUSE_SPARK_REMOTE): {hint}"
         )
     require_current_code(settings, host, port)
-    session = SparkSession.builder.remote(shared_session_url(url)).getOrCreate()
+    # the local server's token is added here (from its owner-only file), after
+    # the shared session id, so the id does not depend on the token
+    session = SparkSession.builder.remote(
+        authenticated_url(settings, shared_session_url(url))
+    ).getOrCreate()
     # other lakehouse processes use the same server-side session: leaving must not end it
     session.release_session_on_close = False  # type: ignore[attr-defined]
     runtime = {k: v for k, v in settings.spark_config.items() if k.startswith("spark.sql.")}
-    for key, value in {**sql_conf(settings), **runtime}.items():
-        session.conf.set(key, value)
+    try:
+        for key, value in {**sql_conf(settings), **runtime}.items():
+            session.conf.set(key, value)
+    except Exception as exc:
+        if "authentication token" not in str(exc):
+            raise
+        with contextlib.suppress(Exception):
+            session.stop()
+        where = (
+            f"the local server's token is in {token_file(settings, port)}, readable only by "
+            "the user who started it: run as that user with its LAKEHOUSE_CACHE_DIR"
+            if is_loopback(host)
+            else "add the server's ;token=... to the URL"
+        )
+        raise ConfigurationError(
+            f"the Spark Connect server at {shown} refused this client ({_first_line(exc)}): {where}"
+        ) from None
     return session
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with the value of its ``token`` parameter hidden (for messages)."""
+    import re
+
+    return re.sub(r"(?i)(;token=)[^;]*", r"\1***", url)
 
 
 def shared_session_url(url: str) -> str:
@@ -174,10 +212,12 @@ def shared_session_url(url: str) -> str:
     imported); a new session per process would start them again, seconds per
     command. A URL that names its own ``session_id`` is left as it is.
     """
+    from lakehouse_assets.spark.connect import with_param
+
     if "session_id=" in url:
         return url
     session_id = uuid.uuid5(uuid.NAMESPACE_URL, f"lakehouse:{url}")
-    return f"{url.rstrip('/')}/;session_id={session_id}"
+    return with_param(url, "session_id", str(session_id))
 
 
 def _start_local(settings: Settings) -> SparkSession:
