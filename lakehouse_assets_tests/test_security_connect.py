@@ -392,5 +392,12 @@ def test_urls_the_user_gives_pass_through_and_tokens_stay_out_of_messages(
     assert shared_session_url("sc://localhost:1/;token=t").startswith(
         "sc://localhost:1/;token=t;session_id="
     )
+    # every spelling of the local server's URL shares one server-side session
+    # (its warm Python workers), whatever the token
+    ids = {
+        shared_session_url(url).rsplit("session_id=", 1)[1]
+        for url in ("sc://127.0.0.1:1", "sc://localhost:1/;token=t", "sc://localhost:1/;token=u")
+    }
+    assert len(ids) == 1
     assert shared_session_url("sc://h:1").startswith("sc://h:1/;session_id=")
     assert redacted_url("sc://localhost:1/;token=abc;x=1") == "sc://localhost:1/;token=***;x=1"

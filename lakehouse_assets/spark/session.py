@@ -20,6 +20,7 @@ import atexit
 import contextlib
 import logging
 import os
+import re
 import shutil
 import sys
 import threading
@@ -115,7 +116,9 @@ def get_spark(settings: Settings | None = None) -> SparkSession:
     remote = remote_url(settings)
     if remote != settings.spark_remote:
         settings = settings.model_copy(update={"spark_remote": remote})
-    key = remote or "local"
+    # one server, one key: sc://127.0.0.1:PORT and the URL with its token
+    # (a test fixture's, the warm-up's) name the same local server
+    key = _server_key(settings, remote) if remote else "local"
     with _lock:
         session = _sessions.get(key)
         if session is not None and _usable(session):
@@ -135,6 +138,12 @@ def get_spark(settings: Settings | None = None) -> SparkSession:
         if progress.log.isEnabledFor(logging.INFO):
             progress.watch_spark(session)
         return session
+
+
+def _server_key(settings: Settings, remote: str) -> str:
+    from lakehouse_assets.spark.connect import authenticated_url
+
+    return authenticated_url(settings, remote)
 
 
 def _connect(settings: Settings) -> SparkSession:
@@ -200,8 +209,6 @@ def _first_line(exc: BaseException) -> str:
 
 def redacted_url(url: str) -> str:
     """``url`` with the value of its ``token`` parameter hidden (for messages)."""
-    import re
-
     return re.sub(r"(?i)(;token=)[^;]*", r"\1***", url)
 
 
@@ -210,13 +217,25 @@ def shared_session_url(url: str) -> str:
 
     The server keeps a session's Python workers warm (with our modules
     imported); a new session per process would start them again, seconds per
-    command. A URL that names its own ``session_id`` is left as it is.
+    command. A URL that names its own ``session_id`` is left as it is. The id
+    is the same for every spelling of the local server's URL (with its token,
+    or ``localhost``, as a test fixture hands it on) and never depends on the
+    token.
     """
-    from lakehouse_assets.spark.connect import with_param
+    from urllib.parse import urlparse
+
+    from lakehouse_assets.spark.connect import is_loopback, with_param
 
     if "session_id=" in url:
         return url
-    session_id = uuid.uuid5(uuid.NAMESPACE_URL, f"lakehouse:{url}")
+    parsed = urlparse(url.replace("sc://", "http://", 1))
+    params = [p for p in parsed.params.split(";") if p and not p.startswith("token=")]
+    if parsed.hostname and is_loopback(parsed.hostname):
+        canonical = f"sc://127.0.0.1:{parsed.port or 15002}"
+        canonical += f"/;{';'.join(params)}" if params else ""
+    else:
+        canonical = re.sub(r";token=[^;]*", "", url)
+    session_id = uuid.uuid5(uuid.NAMESPACE_URL, f"lakehouse:{canonical}")
     return with_param(url, "session_id", str(session_id))
 
 
