@@ -401,3 +401,16 @@ def test_urls_the_user_gives_pass_through_and_tokens_stay_out_of_messages(
     assert len(ids) == 1
     assert shared_session_url("sc://h:1").startswith("sc://h:1/;session_id=")
     assert redacted_url("sc://localhost:1/;token=abc;x=1") == "sc://localhost:1/;token=***;x=1"
+
+
+def test_a_local_spark_authenticates_its_own_rpc_ports(tmp_path: Path) -> None:
+    """The driver's RPC and block-transfer ports (in process and in the Connect
+    server) take Java-serialized messages: with a local master Spark draws a
+    secret for them; a cluster master needs its own, so it is left alone."""
+    from lakehouse_assets.spark.session import spark_conf
+
+    local = Settings(cache_dir=str(tmp_path))
+    assert spark_conf(local)["spark.authenticate"] == "true"
+    assert connect.server_confs(local, free_port(), tmp_path)["spark.authenticate"] == "true"
+    cluster = local.model_copy(update={"spark_master": "spark://spark.example.org:7077"})
+    assert "spark.authenticate" not in spark_conf(cluster)

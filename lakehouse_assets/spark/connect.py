@@ -344,12 +344,9 @@ def server_confs(settings: Settings, port: int, folder: Path) -> dict[str, str]:
         **binding,
         "spark.connect.grpc.binding.port": str(port),
     }
-    if settings.spark_master.startswith("local"):
-        # the driver's own RPC and block-transfer ports (random, on loopback)
-        # would take Java-serialized messages from any local user: a local
-        # master draws a secret for them itself
-        confs.setdefault("spark.authenticate", "true")
-    return confs
+    from lakehouse_assets.spark.session import local_auth
+
+    return {**local_auth(settings), **confs}
 
 
 def _write_properties(path: Path, confs: dict[str, str]) -> None:

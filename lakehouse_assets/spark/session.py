@@ -84,9 +84,18 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.driver.bindAddress": "127.0.0.1"
         if settings.spark_master.startswith("local")
         else "0.0.0.0",
+        **local_auth(settings),
         **sql_conf(settings),
         **settings.spark_config,
     }
+
+
+def local_auth(settings: Settings) -> dict[str, str]:
+    """Authentication of the driver's own RPC and block-transfer ports (random
+    ports on loopback, which take Java-serialized messages from any local user
+    otherwise): a local master draws the secret itself. A cluster master needs
+    its secret configured (spark_config), so it is left alone."""
+    return {"spark.authenticate": "true"} if settings.spark_master.startswith("local") else {}
 
 
 def is_connect(spark: SparkSession) -> bool:
