@@ -55,6 +55,9 @@ for url in sys.argv[1:]:
 print(json.dumps(out))
 """
 
+#: A spark_config value the properties file must carry intact.
+PROBE = "a=b: c#d\\e ü\n!x\\u0041"
+
 #: A client of ours: the lakehouse's session factory with the environment's settings.
 OUR_CLIENT = """
 from lakehouse_assets.spark.session import get_spark
@@ -72,7 +75,10 @@ def server() -> Iterator[tuple[Settings, int, str]]:
     base = Path(tempfile.mkdtemp(prefix="lakehouse-connect-security-"))
     base.chmod(0o755)  # uid 65534 gets as far as the server's folder
     cache = base / "cache"
-    spark_config = {"spark.hadoop.fs.s3a.secret.key": "not-on-the-command-line"}
+    spark_config = {
+        "spark.hadoop.fs.s3a.secret.key": "not-on-the-command-line",
+        "spark.lakehouse.probe": PROBE,
+    }
     settings = Settings(cache_dir=str(cache), spark_config=spark_config, **TEST_SPARK)
     port = free_port()
     env = _env(cache)
@@ -232,6 +238,14 @@ def test_neither_the_token_nor_spark_config_is_on_a_command_line(
             continue
         assert token.encode() not in cmdline
         assert b"not-on-the-command-line" not in cmdline
+    probe = _run(
+        "import json\n"
+        "from lakehouse_assets.spark.session import get_spark\n"
+        "print(json.dumps(get_spark().conf.get('spark.lakehouse.probe')))\n",
+        env=_env(settings.cache_path, f"sc://127.0.0.1:{port}"),
+    )
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert json.loads(probe.stdout.strip().splitlines()[-1]) == PROBE  # the file carried it intact
     environ = Path(f"/proc/{info.pid}/environ")
     assert environ.stat().st_mode & 0o077 == 0
     properties = connect.server_dir(settings, port) / "server.properties"

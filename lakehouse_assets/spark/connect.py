@@ -43,6 +43,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -175,8 +176,6 @@ def _private_dir(path: Path) -> Path:
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700)
     info = path.lstat()
-    import stat
-
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
         raise ConfigurationError(
             f"{path} is not a folder of this user (uid {os.geteuid()}): the Spark Connect "
@@ -358,8 +357,9 @@ def _write_properties(path: Path, confs: dict[str, str]) -> None:
 
 
 def _escape(text: str) -> str:
-    """``text`` escaped for a Java properties file: each character that is not
-    plainly safe as ``\\uXXXX`` (UTF-16 units), so no value breaks out of its line."""
+    """``text`` escaped for a Java properties file: every character but letters,
+    digits and ``._-/,+@%`` as ``\\uXXXX`` (UTF-16 units), so no key or value can
+    end its line, start a comment or lose a backslash."""
     out = []
     for char in text:
         if char.isascii() and (char.isalnum() or char in "._-/,+@%"):
@@ -403,6 +403,7 @@ def status(settings: Settings, port: int | None = None) -> ServerInfo:
         return ServerInfo(False, port)
     if not _alive(record):
         _pid_file(settings, port).unlink(missing_ok=True)
+        token_file(settings, port).unlink(missing_ok=True)
         return ServerInfo(
             False, port, note=f"removed the stale PID file of pid {record.get('pid')}"
         )
@@ -463,7 +464,7 @@ def start(settings: Settings, port: int | None = None, *, timeout: float = 180.0
     import pyspark
 
     home = Path(pyspark.__file__).parent
-    scratch = Path(confs["spark.local.dir"])
+    scratch = folder / "scratch"  # ours to empty, whatever spark_config names
     shutil.rmtree(scratch, ignore_errors=True)  # a killed server's leftovers
     scratch.mkdir(parents=True, exist_ok=True)
     log_path = folder / "server.log"
