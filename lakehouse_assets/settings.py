@@ -171,6 +171,12 @@ class Settings(BaseSettings):
         le=65535,
         description="Port of the local Spark Connect server (127.0.0.1).",
     )
+    spark_connect_allow_non_loopback: bool = Field(
+        default=False,
+        description="Let spark_config move the local Spark Connect server (its gRPC port, "
+        "driver) off the loopback address. Off: such a setting is refused, because anyone "
+        "who reaches the port and holds its token runs code as the server's user.",
+    )
     spark_master: str = Field(
         default="local[*]",
         description="Spark master URL: local[*] (embedded) or spark://host:7077, ...",

@@ -267,14 +267,17 @@ TEST_SPARK = {"spark_shuffle_partitions": 2, "spark_driver_memory": "2g"}
 
 @pytest.fixture(scope="session")
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real Spark Connect server on 127.0.0.1 (free port), stopped by its PID."""
+    """A real Spark Connect server on 127.0.0.1 (free port), stopped by its PID.
+
+    Its URL carries the server's token (read from its owner-only file): the
+    tests' lakes and children use other cache folders than the server's."""
     from lakehouse_assets.spark import connect
 
     settings = Settings(cache_dir=str(tmp_path_factory.mktemp("connect-server")), **TEST_SPARK)
     port = free_port()
     info = connect.start(settings, port)
     assert info.running and info.url
-    yield info.url
+    yield connect.client_url(settings, port)
     connect.stop(settings, port)
 
 

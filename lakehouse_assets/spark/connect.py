@@ -8,8 +8,18 @@ CLI, Dagster runs and checks, the demo, mappings. The same setting pointed at
 a cluster's Spark Connect endpoint (Databricks, EMR, Dataproc, a plain Spark
 cluster) runs the same jobs there.
 
-The server binds to 127.0.0.1 only. Its PID file, log and working folder live
-under ``{LAKEHOUSE_CACHE_DIR}/spark-connect/{port}/``; start waits until the
+The server binds to 127.0.0.1 only (a setting that would move it elsewhere is
+refused unless ``LAKEHOUSE_SPARK_CONNECT_ALLOW_NON_LOOPBACK`` says so) and
+admits only clients that present its token: any local user can open a TCP
+connection to a loopback port, and a Connect client runs code as the server's
+user. Each start draws a new random token, hands it to the server in its
+environment (a process's environment is readable by its own user only, its
+command line by everyone) and writes it to a file only the owner can read;
+clients of this package read it from there (:func:`authenticated_url`). The
+server's Spark settings reach it in a private properties file, not on its
+command line. Its PID file, log, token and working folder live in a folder
+only the owner can enter,
+``{LAKEHOUSE_CACHE_DIR}/spark-connect/{port}/``; start waits until the
 server answers a query; stop sends SIGTERM to the recorded PID (SIGKILL after
 a grace period); a PID file whose process is gone is recovered on the next
 start or status. The server's Python workers run this interpreter, so they
@@ -25,17 +35,21 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import ipaddress
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 from lakehouse_assets.errors import ConfigurationError
 from lakehouse_assets.locks import pid_alive, process_start
@@ -108,6 +122,8 @@ class ServerInfo:
     note: str | None = None
     #: Started with other lakehouse_assets code than this process's (see module doc).
     stale_code: bool = False
+    #: The file with the server's token (readable by its owner only).
+    token_file: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -119,6 +135,239 @@ def server_dir(settings: Settings, port: int) -> Path:
 
 def _pid_file(settings: Settings, port: int) -> Path:
     return server_dir(settings, port) / "server.json"
+
+
+def token_file(settings: Settings, port: int) -> Path:
+    """Where the running server's token is kept (mode 0600, in a 0700 folder)."""
+    return server_dir(settings, port) / "token"
+
+
+#: Spark settings that decide where the server listens.
+BINDING_KEYS = (
+    "spark.connect.grpc.binding.address",
+    "spark.driver.bindAddress",
+    "spark.driver.host",
+)
+
+#: Spark settings the lakehouse sets itself and spark_config may not change:
+#: the port its clients look for, and the token it draws.
+OWN_KEYS = ("spark.connect.grpc.binding.port", "spark.connect.authenticate.token")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback interface only (no name lookup
+    beyond ``localhost``: any other name may resolve to a public address)."""
+    host = host.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _private_dir(path: Path) -> Path:
+    """``path`` as a folder that this user owns and no one else can enter.
+
+    The cache folder may be shared (or planted by another user): a folder that
+    is a symlink or someone else's would let them read the token or swap the
+    server's files, so it is refused rather than used."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise ConfigurationError(
+            f"{path} is not a folder of this user (uid {os.geteuid()}): the Spark Connect "
+            "server keeps its token there; remove it or choose another LAKEHOUSE_CACHE_DIR"
+        )
+    if info.st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def _new_token(settings: Settings, port: int) -> str:
+    """Draw a token for a server about to start and store it for its clients.
+
+    The file is created with mode 0600 and ``O_EXCL`` (never readable by others,
+    not even for a moment, and never written through a planted link)."""
+    token = secrets.token_hex(32)
+    path = token_file(settings, port)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    return token
+
+
+def read_token(settings: Settings, port: int) -> str | None:
+    """The token of the local server on ``port`` started with this cache folder,
+    or None when there is none (no server, or one started without a token).
+
+    A token file that another user could have written or can read is refused:
+    it is no proof of anything."""
+    path = token_file(settings, port)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot read the Spark Connect server's token {path} ({exc.strerror}): only "
+            "the user who started the server can use it"
+        ) from None
+    with os.fdopen(fd) as fh:
+        info = os.fstat(fh.fileno())
+        if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            raise ConfigurationError(
+                f"the Spark Connect server's token {path} is not private to this user "
+                f"(owner uid {info.st_uid}, mode {info.st_mode & 0o777:o}): restart the "
+                f"server (lakehouse spark stop --port {port} && lakehouse spark start "
+                f"--port {port})"
+            )
+        token = fh.read(1024).strip()
+    return token or None
+
+
+def _url_params(url: str) -> dict[str, str]:
+    """The ``;key=value`` parameters of a Connect URL."""
+    params = urlparse(url.replace("sc://", "http://", 1)).params
+    return dict(part.split("=", 1) for part in params.split(";") if "=" in part)
+
+
+def with_param(url: str, key: str, value: str) -> str:
+    """``url`` with ``;key=value`` added to its parameters."""
+    if "/;" in url:
+        return f"{url};{key}={value}"
+    return f"{url.rstrip('/')}/;{key}={value}"
+
+
+def authenticated_url(settings: Settings, url: str) -> str:
+    """The URL a client of ours connects with: a loopback URL without a token gets
+    the token of the local server on its port (read from its file), with the
+    host ``localhost``, which is how pyspark sends a token over plain loopback
+    TCP (gRPC's local credentials) rather than TLS. Any other URL (a cluster's,
+    or one that names its own token or TLS) is used as given."""
+    parsed = urlparse(url.replace("sc://", "http://", 1))
+    host, port = parsed.hostname or "", parsed.port or 15002
+    params = _url_params(url)
+    if not is_loopback(host) or "token" in params or params.get("use_ssl", "") == "true":
+        return url
+    token = read_token(settings, port)
+    if token is None:
+        return url
+    _require_own_listener(port)
+    local = f"sc://localhost:{port}/"
+    if parsed.params:
+        local += ";" + parsed.params
+    return with_param(local, "token", token)
+
+
+def listener_uids(port: int) -> set[int]:
+    """The users whose sockets listen on TCP ``port`` of this machine (Linux's
+    /proc/net/tcp and tcp6; empty where there are none or no /proc)."""
+    uids: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # sl local_address rem_address st ... uid: state 0A is LISTEN
+            if (
+                len(fields) > 7
+                and fields[3] == "0A"
+                and int(fields[1].rsplit(":", 1)[1], 16) == port
+            ):
+                uids.add(int(fields[7]))
+    return uids
+
+
+def _require_own_listener(port: int) -> None:
+    """Refuse to hand the token to a port another user listens on: after the server
+    stopped (or before it started) anyone can take its port and collect the
+    token, and the plans (with the data and settings they carry) of clients."""
+    strangers = listener_uids(port) - {os.geteuid()}
+    if strangers:
+        raise ConfigurationError(
+            f"port {port} on 127.0.0.1 is served by another user's program (uid "
+            f"{', '.join(map(str, sorted(strangers)))}), not by the Spark Connect server of "
+            f"this user: not sending it the server's token. Restart the server on another "
+            f"port (lakehouse spark start --port ...)"
+        )
+
+
+def client_url(settings: Settings, port: int) -> str:
+    """The URL (with its token) a client uses for the local server on ``port``:
+    for a process that does not share this cache folder (a test fixture
+    handing it to its children). Keep it out of logs: it carries the token."""
+    return authenticated_url(settings, f"sc://127.0.0.1:{port}")
+
+
+def server_confs(settings: Settings, port: int, folder: Path) -> dict[str, str]:
+    """The local server's Spark settings: the lake's ``spark_config`` under the
+    lakehouse's own; a ``spark_config`` that would bind the server to another
+    address than loopback (or change its port or token) is refused, naming the
+    key, unless ``spark_connect_allow_non_loopback`` allows the address."""
+    allow = settings.spark_connect_allow_non_loopback
+    extra = dict(settings.spark_config)
+    for key in OWN_KEYS:
+        if key in extra:
+            raise ConfigurationError(
+                f"spark_config (LAKEHOUSE_SPARK_CONFIG) sets {key}, which the local Spark "
+                "Connect server sets itself (the port: --port or LAKEHOUSE_SPARK_CONNECT_PORT; "
+                "the token: drawn at each start)"
+            )
+    binding = dict.fromkeys(BINDING_KEYS, "127.0.0.1")
+    for key in BINDING_KEYS:
+        value = extra.pop(key, None)
+        if value is None:
+            continue
+        if allow:
+            binding[key] = value
+        elif not is_loopback(value):
+            raise ConfigurationError(
+                f"spark_config (LAKEHOUSE_SPARK_CONFIG) sets {key}={value}, off the loopback "
+                "address: anyone who reaches the server's port could try its token, and it "
+                "travels unencrypted. Set LAKEHOUSE_SPARK_CONNECT_ALLOW_NON_LOOPBACK=true to "
+                "allow it"
+            )
+    scratch = folder / "scratch"
+    confs = {
+        "spark.ui.enabled": str(settings.spark_ui_enabled).lower(),
+        "spark.local.dir": str(scratch),
+        "spark.sql.warehouse.dir": str(folder / "warehouse"),
+        "spark.ui.showConsoleProgress": "false",
+        **extra,
+        **binding,
+        "spark.connect.grpc.binding.port": str(port),
+    }
+    from lakehouse_assets.spark.session import local_auth
+
+    return {**local_auth(settings), **confs}
+
+
+def _write_properties(path: Path, confs: dict[str, str]) -> None:
+    lines = [f"{_escape(key)}={_escape(value)}\n" for key, value in confs.items()]
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as fh:
+        fh.writelines(lines)
+
+
+def _escape(text: str) -> str:
+    """``text`` escaped for a Java properties file: every character but letters,
+    digits and ``._-/,+@%`` as ``\\uXXXX`` (UTF-16 units), so no key or value can
+    end its line, start a comment or lose a backslash."""
+    out = []
+    for char in text:
+        if char.isascii() and (char.isalnum() or char in "._-/,+@%"):
+            out.append(char)
+        else:
+            raw = char.encode("utf-16-be")
+            out.extend(f"\\u{raw[i : i + 2].hex()}" for i in range(0, len(raw), 2))
+    return "".join(out)
 
 
 def answers(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -154,6 +403,7 @@ def status(settings: Settings, port: int | None = None) -> ServerInfo:
         return ServerInfo(False, port)
     if not _alive(record):
         _pid_file(settings, port).unlink(missing_ok=True)
+        token_file(settings, port).unlink(missing_ok=True)
         return ServerInfo(
             False, port, note=f"removed the stale PID file of pid {record.get('pid')}"
         )
@@ -167,6 +417,7 @@ def status(settings: Settings, port: int | None = None) -> ServerInfo:
         started_at=float(record.get("started_at") or 0),  # type: ignore[arg-type]
         note=STALE_CODE.format(port=port) if stale else None,
         stale_code=stale,
+        token_file=str(token_file(settings, port)),
     )
 
 
@@ -187,7 +438,7 @@ def require_current_code(settings: Settings, host: str, port: int) -> None:
 
     A server on another machine, or one started with another cache folder,
     has no record here and is taken as it is."""
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if not is_loopback(host):
         return
     info = status(settings, port)
     if info.running and info.stale_code:
@@ -207,12 +458,13 @@ def start(settings: Settings, port: int | None = None, *, timeout: float = 180.0
             f"port {port} on 127.0.0.1 is taken by another program; "
             f"choose another with --port or LAKEHOUSE_SPARK_CONNECT_PORT"
         )
+    folder = _private_dir(server_dir(settings, port))
+    confs = server_confs(settings, port, folder)  # refused before anything starts
     require_java()
     import pyspark
 
     home = Path(pyspark.__file__).parent
-    folder = server_dir(settings, port)
-    scratch = folder / "scratch"
+    scratch = folder / "scratch"  # ours to empty, whatever spark_config names
     shutil.rmtree(scratch, ignore_errors=True)  # a killed server's leftovers
     scratch.mkdir(parents=True, exist_ok=True)
     log_path = folder / "server.log"
@@ -221,17 +473,10 @@ def start(settings: Settings, port: int | None = None, *, timeout: float = 180.0
         f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData -XX:+ExitOnOutOfMemoryError "
         f"{cds.java_options(settings)} {settings.spark_driver_java_options}"
     ).strip()
-    confs = {
-        "spark.connect.grpc.binding.address": "127.0.0.1",
-        "spark.connect.grpc.binding.port": str(port),
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.driver.host": "127.0.0.1",
-        "spark.ui.enabled": str(settings.spark_ui_enabled).lower(),
-        "spark.local.dir": str(scratch),
-        "spark.sql.warehouse.dir": str(folder / "warehouse"),
-        "spark.ui.showConsoleProgress": "false",
-        **settings.spark_config,
-    }
+    # the settings in a file only this user can read: a command line is
+    # visible to every user (/proc/PID/cmdline), and spark_config may carry keys
+    properties = folder / "server.properties"
+    _write_properties(properties, confs)
     command = [
         str(home / "bin" / "spark-submit"),
         "--class",
@@ -244,15 +489,18 @@ def start(settings: Settings, port: int | None = None, *, timeout: float = 180.0
         settings.spark_driver_memory,
         "--driver-java-options",
         java_options,
+        "--properties-file",
+        str(properties),
     ]
-    for key, value in confs.items():
-        command += ["--conf", f"{key}={value}"]
     env = {
         **os.environ,
         "SPARK_HOME": str(home),
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
+        # the server reads its token from here (Spark's own fallback for
+        # spark.connect.authenticate.token): not on its command line
+        "SPARK_CONNECT_AUTHENTICATE_TOKEN": _new_token(settings, port),
     }
     env.pop("LAKEHOUSE_SPARK_REMOTE", None)
     clock = time.monotonic()
@@ -302,7 +550,7 @@ def _warm_up(url: str, settings: Settings) -> None:
 
     from pyspark.sql import SparkSession
 
-    session = SparkSession.builder.remote(url).create()
+    session = SparkSession.builder.remote(authenticated_url(settings, url)).create()
     try:
         session.range(1).count()
     finally:
@@ -327,6 +575,7 @@ def stop(settings: Settings, port: int | None = None, *, grace: float = 30.0) ->
     record = _recorded(settings, port)
     if record is None or not _alive(record):
         _pid_file(settings, port).unlink(missing_ok=True)
+        token_file(settings, port).unlink(missing_ok=True)
         return ServerInfo(False, port, note="not running")
     pid = int(record["pid"])  # type: ignore[call-overload]
     os.kill(pid, signal.SIGTERM)
@@ -339,6 +588,7 @@ def stop(settings: Settings, port: int | None = None, *, grace: float = 30.0) ->
         time.sleep(0.2)
         _reap(pid)
     _pid_file(settings, port).unlink(missing_ok=True)
+    token_file(settings, port).unlink(missing_ok=True)
     return ServerInfo(False, port, pid=pid, note="stopped")
 
 

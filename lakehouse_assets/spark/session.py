@@ -20,6 +20,7 @@ import atexit
 import contextlib
 import logging
 import os
+import re
 import shutil
 import sys
 import threading
@@ -83,9 +84,18 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.driver.bindAddress": "127.0.0.1"
         if settings.spark_master.startswith("local")
         else "0.0.0.0",
+        **local_auth(settings),
         **sql_conf(settings),
         **settings.spark_config,
     }
+
+
+def local_auth(settings: Settings) -> dict[str, str]:
+    """Authentication of the driver's own RPC and block-transfer ports (random
+    ports on loopback, which take Java-serialized messages from any local user
+    otherwise): a local master draws the secret itself. A cluster master needs
+    its secret configured (spark_config), so it is left alone."""
+    return {"spark.authenticate": "true"} if settings.spark_master.startswith("local") else {}
 
 
 def is_connect(spark: SparkSession) -> bool:
@@ -115,7 +125,9 @@ def get_spark(settings: Settings | None = None) -> SparkSession:
     remote = remote_url(settings)
     if remote != settings.spark_remote:
         settings = settings.model_copy(update={"spark_remote": remote})
-    key = remote or "local"
+    # one server, one key: sc://127.0.0.1:PORT and the URL with its token
+    # (a test fixture's, the warm-up's) name the same local server
+    key = _server_key(settings, remote) if remote else "local"
     with _lock:
         session = _sessions.get(key)
         if session is not None and _usable(session):
@@ -125,7 +137,7 @@ def get_spark(settings: Settings | None = None) -> SparkSession:
             # pyspark decides per process whether its functions build Connect or
             # classic expressions: the two cannot be mixed in one process
             raise ConfigurationError(
-                f"this process already runs Spark {'in process' if other[0] == 'local' else 'at ' + other[0]}; "
+                f"this process already runs Spark {'in process' if other[0] == 'local' else 'at ' + redacted_url(other[0])}; "
                 "one process cannot use both Spark Connect and an in-process Spark"
             )
         session = _connect(settings) if remote else _start_local(settings)
@@ -137,34 +149,76 @@ def get_spark(settings: Settings | None = None) -> SparkSession:
         return session
 
 
+def _server_key(settings: Settings, remote: str) -> str:
+    from lakehouse_assets.spark.connect import authenticated_url
+
+    return authenticated_url(settings, remote)
+
+
 def _connect(settings: Settings) -> SparkSession:
     from urllib.parse import urlparse
 
     from pyspark.sql import SparkSession
 
-    from lakehouse_assets.spark.connect import answers, require_current_code
+    from lakehouse_assets.spark.connect import (
+        answers,
+        authenticated_url,
+        is_loopback,
+        require_current_code,
+        token_file,
+    )
 
     url = str(settings.spark_remote)
     parsed = urlparse(url.replace("sc://", "http://", 1))
     host, port = parsed.hostname or "127.0.0.1", parsed.port or 15002
+    shown = redacted_url(url)
     if not answers(host, port, timeout=3.0):
         # fail fast: the client would otherwise retry for minutes
         hint = (
             "start one with `lakehouse spark start`"
-            if host in ("127.0.0.1", "localhost")
+            if is_loopback(host)
             else "check the address and that the cluster is up"
         )
         raise ConfigurationError(
-            f"no Spark Connect server answers at {url} (LAKEHOUSE_SPARK_REMOTE): {hint}"
+            f"no Spark Connect server answers at {shown} (LAKEHOUSE_SPARK_REMOTE): {hint}"
         )
     require_current_code(settings, host, port)
-    session = SparkSession.builder.remote(shared_session_url(url)).getOrCreate()
+    # the local server's token is added here (from its owner-only file), after
+    # the shared session id, so the id does not depend on the token
+    session = SparkSession.builder.remote(
+        authenticated_url(settings, shared_session_url(url))
+    ).getOrCreate()
     # other lakehouse processes use the same server-side session: leaving must not end it
     session.release_session_on_close = False  # type: ignore[attr-defined]
     runtime = {k: v for k, v in settings.spark_config.items() if k.startswith("spark.sql.")}
-    for key, value in {**sql_conf(settings), **runtime}.items():
-        session.conf.set(key, value)
+    try:
+        for key, value in {**sql_conf(settings), **runtime}.items():
+            session.conf.set(key, value)
+    except Exception as exc:
+        if "authentication token" not in str(exc):
+            raise
+        with contextlib.suppress(Exception):
+            session.stop()
+        where = (
+            f"the local server's token is in {token_file(settings, port)}, readable only by "
+            "the user who started it: run as that user with its LAKEHOUSE_CACHE_DIR"
+            if is_loopback(host)
+            else "add the server's ;token=... to the URL"
+        )
+        raise ConfigurationError(
+            f"the Spark Connect server at {shown} refused this client ({_first_line(exc)}): {where}"
+        ) from None
     return session
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with the value of its ``token`` parameter hidden (for messages)."""
+    return re.sub(r"(?i)(;token=)[^;]*", r"\1***", url)
 
 
 def shared_session_url(url: str) -> str:
@@ -172,12 +226,26 @@ def shared_session_url(url: str) -> str:
 
     The server keeps a session's Python workers warm (with our modules
     imported); a new session per process would start them again, seconds per
-    command. A URL that names its own ``session_id`` is left as it is.
+    command. A URL that names its own ``session_id`` is left as it is. The id
+    is the same for every spelling of the local server's URL (with its token,
+    or ``localhost``, as a test fixture hands it on) and never depends on the
+    token.
     """
+    from urllib.parse import urlparse
+
+    from lakehouse_assets.spark.connect import is_loopback, with_param
+
     if "session_id=" in url:
         return url
-    session_id = uuid.uuid5(uuid.NAMESPACE_URL, f"lakehouse:{url}")
-    return f"{url.rstrip('/')}/;session_id={session_id}"
+    parsed = urlparse(url.replace("sc://", "http://", 1))
+    params = [p for p in parsed.params.split(";") if p and not p.startswith("token=")]
+    if parsed.hostname and is_loopback(parsed.hostname):
+        canonical = f"sc://127.0.0.1:{parsed.port or 15002}"
+        canonical += f"/;{';'.join(params)}" if params else ""
+    else:
+        canonical = re.sub(r";token=[^;]*", "", url)
+    session_id = uuid.uuid5(uuid.NAMESPACE_URL, f"lakehouse:{canonical}")
+    return with_param(url, "session_id", str(session_id))
 
 
 def _start_local(settings: Settings) -> SparkSession:
