@@ -1439,8 +1439,10 @@ def _server_line(info: Any) -> str:
 def spark_start(obj: Context, port: int | None) -> None:
     """Start the local server (bound to 127.0.0.1) and wait until it answers.
 
-    Does nothing if it is already running. Its PID file and log live under
-    LAKEHOUSE_CACHE_DIR/spark-connect/PORT/.
+    Does nothing if it is already running. Its PID file, log and token live
+    under LAKEHOUSE_CACHE_DIR/spark-connect/PORT/: the server admits only
+    clients with its token (a file only its user can read); the lakehouse's
+    clients of the same user and LAKEHOUSE_CACHE_DIR find it themselves.
 
     \b
     Example:
