@@ -383,8 +383,8 @@ def test_long_commands_say_what_they_do_and_spark_stays_quiet(spark, tmp_path: P
     file unless -v."""
     import os
 
-    from lakehouse_assets.cli import _human
     from lakehouse_assets.cli import cli as root
+    from lakehouse_assets.cli.output import _human
 
     lake = Lakehouse(tmp_path / "lake")
     ds = lake.create_dataset("talk")
@@ -647,7 +647,7 @@ def test_the_cli_exits_without_teardown_but_runs_exit_handlers_and_flushes(
     probe = (
         "import atexit, sys, threading, time\n"
         "from pathlib import Path\n"
-        "from lakehouse_assets.cli import exit_without_teardown\n"
+        "from lakehouse_assets.cli.root import exit_without_teardown\n"
         f"atexit.register(lambda: Path({str(marker)!r}).write_text('yes'))\n"
         "for i in range(200_000):\n"
         "    print(f'line {i}')\n"

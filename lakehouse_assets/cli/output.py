@@ -1,0 +1,82 @@
+"""Output formatting shared by the commands: JSON lines, sizes, and a result as
+JSON for scripts or a short summary for people.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+
+def _echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, default=str))
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return str(n)
+
+
+def _human(data: dict[str, Any]) -> list[str]:
+    """A result as a few lines for a person: counts, what was written, the time."""
+    lines = []
+    written = data.get("written") or {}
+    for kind, done in written.items():
+        if not isinstance(done, dict):
+            continue
+        version = done.get("version") or {}
+        if kind == "index" and version.get("sequence"):
+            lines.append(f"published  version {version['sequence']}  {version.get('hash', '')}")
+        elif kind == "index" and version.get("skipped"):
+            lines.append(f"index.json kept ({version['skipped']})")
+        else:
+            rows = done.get("rows")
+            unit = "statements" if kind == "statements" else "entities"
+            count = f"{rows:>12,} {unit}" if isinstance(rows, int) else ""
+            lines.append(
+                f"written    {done.get('path', kind):<28}{count}  {_size(done.get('size', 0))}"
+            )
+    for kind in data.get("skipped") or []:
+        lines.append(f"fresh      {kind} (kept)")
+    flushed = data.get("flushed")
+    counts = flushed if isinstance(flushed, dict) else data
+    parts = [
+        f"{counts[k]:,} {k.replace('_', ' ')}"
+        for k in (
+            "journal_rows",
+            "new",
+            "duplicates",
+            "tombstones",
+            "superseded",
+            "ignored_tombstones",
+            "live",
+            "removed_translog",
+            "files_removed",
+            "files_added",
+            "vacuumed",
+        )
+        if isinstance(counts.get(k), int)
+    ]
+    if parts:
+        lines.insert(0, ("flushed    " if flushed else "") + ", ".join(parts))
+    if data.get("pending"):
+        lines.append(f"pending    {data['pending']:,} journal rows (another writer held the lock)")
+    if isinstance(data.get("seconds"), int | float):
+        lines.append(f"took       {data['seconds']:.1f} s")
+    return lines
+
+
+def _report(result: Any, as_json: bool = False) -> None:
+    """JSON for scripts (stdout not a terminal, or --json), a short summary for people."""
+    data = result.as_dict()
+    if as_json or not sys.stdout.isatty():
+        _echo_json(data)
+        return
+    for line in _human(data):
+        click.echo(line)

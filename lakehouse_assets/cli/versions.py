@@ -1,0 +1,117 @@
+"""Published versions: ``lakehouse versions``, ``trace`` and ``verify``."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from lakehouse_assets.cli.context import Context, pass_ctx
+from lakehouse_assets.cli.output import _echo_json
+from lakehouse_assets.cli.root import cli
+
+
+@cli.command("versions")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines instead of a table.")
+@pass_ctx
+def versions_cmd(obj: Context, as_json: bool) -> None:
+    """The published versions of a dataset, oldest first: time, counts, logical
+    hash, what changed (entities added / modified / deleted).
+
+    \b
+    Example:
+      lakehouse -d my_dataset versions
+    """
+    ds = obj.dataset()
+    history = ds.versions()
+    if as_json:
+        for version in history:
+            _echo_json(version.summary())
+        return
+    if not history:
+        click.echo(f"dataset {ds.name} has no published version yet (run make)", err=True)
+        return
+    click.echo(
+        f"{'#':>4}  {'published':<20} {'statements':>10} {'entities':>9}  changes{'':<14} hash"
+    )
+    for version in history:
+        info = version.summary()
+        changes = info["changes"] or {}
+        change = " ".join(f"{k.lower()} {v}" for k, v in changes.items()) or "-"
+        click.echo(
+            f"{info['sequence']:>4}  {info['created_at'][:19]:<20} "
+            f"{info.get('live_statements', 0):>10} {info.get('entities') or 0:>9}  "
+            f"{change:<21} {info['hash'][:21]}…"
+        )
+
+
+@cli.command("trace")
+@click.argument("key")
+@pass_ctx
+def trace_cmd(obj: Context, key: str) -> None:
+    """Where statements came from: an entity id (all its statements) or a statement id
+    (exit 1 if there is none).
+
+    One JSON line per statement: its values, origin and what the origin names
+    (the archived file, the mapping, the crawl runs), first_seen / last_seen /
+    deleted_at, the tenant and journal write that first wrote it and that last
+    wrote or deleted it, and the versions that published and removed it.
+
+    \b
+    Example:
+      lakehouse -d my_dataset trace 5f1c…   (an entity or statement id)
+    """
+    ds = obj.dataset()
+    found = ds.trace(key)
+    if not found:  # a typo must not look like success to a script: exit 1
+        raise click.ClickException(f"no statements for id {key!r} in dataset {ds.name!r}")
+    for item in found:
+        _echo_json(item)
+
+
+@cli.command("verify")
+@click.option(
+    "--deep", is_flag=True, help="Also recompute the head's logical hash from the tables."
+)
+@click.option(
+    "--head",
+    "trusted_head",
+    default=None,
+    help="A head hash you trust (say, one published elsewhere): the chain must end in it.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of text.")
+@pass_ctx
+def verify_cmd(obj: Context, deep: bool, trusted_head: str | None, as_json: bool) -> None:
+    """Check the version chain and re-hash what it references; exit 1 on any problem.
+
+    Replays the chain (sequence, parent hashes, times, latest.json), checks
+    the Delta commits that carry each version's hash (the newest must be the
+    head: a rolled-back version is caught) and the log entries it hashed,
+    re-hashes data files, the published index.json and diffs of every version,
+    the head's exports, the graph index and the catalog entry. Every file the
+    tables read now must be covered by the head or added by a lakehouse commit
+    after it (a note until make); a commit no lakehouse operation made is a
+    problem. --deep recomputes the logical hash from the tables.
+
+    \b
+    Examples:
+      lakehouse -d my_dataset verify
+      lakehouse -d my_dataset verify --deep --head f1220…
+    """
+    report = obj.dataset().verify(deep=deep, trusted_head=trusted_head)
+    if as_json:
+        _echo_json(report.as_dict())
+    else:
+        for note in report.notes:
+            click.echo(f"note: {note}", err=True)
+        for problem in report.problems:
+            click.echo(f"FAILED {report.dataset}: {problem}", err=True)
+        if report.ok:
+            mb = report.bytes_hashed / 1e6
+            click.echo(
+                f"ok: {report.dataset}: {report.versions} versions, head {report.head}, "
+                f"{report.files_hashed} files ({mb:.1f} MB) hashed"
+                + (", logical hash recomputed" if deep else "")
+            )
+    if not report.ok:
+        sys.exit(1)
