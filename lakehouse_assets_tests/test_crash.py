@@ -14,7 +14,7 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.faults import FLUSH_POINTS
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets_tests.conftest import sample_entities
-from lakehouse_assets_tests.test_flush import table_rows
+from lakehouse_assets_tests.helpers.data import table_rows
 
 RUN = """
 import json, sys

@@ -23,26 +23,17 @@ from lakehouse_assets.journal import COLUMNS, row_statement
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.query import ftm_dataset
 from lakehouse_assets_tests.conftest import (
-    SHARED_DATA,
     lakehouse_env,
     run_python,
     sample_entities,
 )
+from lakehouse_assets_tests.helpers.data import input_entities, normal
 
 #: the data-plane group: ``make test`` runs it with Spark Connect and in process
 pytestmark = pytest.mark.spark_modes
 
 SORT = ("canonical_id", "prop", "value", "origin", "id")
 EXPORT_FILES = (cv.STATEMENTS_CSV, cv.ENTITIES_JSON, cv.STATISTICS_JSON)
-
-
-def input_entities() -> list[dict[str, Any]]:
-    """Real data where ../shared is present (a slice of kek), else the sample."""
-    kek = SHARED_DATA / "kek.ftm.json"
-    if kek.exists():
-        lines = kek.read_bytes().splitlines()[:400]
-        return [orjson.loads(line) for line in lines if line.strip()]
-    return sample_entities()
 
 
 def acknowledged(ds: Dataset) -> list[Statement]:
@@ -58,16 +49,6 @@ def expected_entities(name: str, statements: list[Statement]) -> list[StatementE
         by_entity[stmt.canonical_id].append(stmt)
     meta = ftm_dataset(name)
     return [StatementEntity.from_statements(meta, by_entity[k]) for k in sorted(by_entity)]
-
-
-def normal(entity: dict[str, Any]) -> dict[str, Any]:
-    """Entity dicts with list order removed (followthemoney builds some lists from sets)."""
-    out = dict(entity)
-    for key in ("referents", "datasets", "origin"):
-        if key in out:
-            out[key] = sorted(out[key])
-    out["properties"] = {k: sorted(v) for k, v in out["properties"].items()}
-    return out
 
 
 def normal_stats(stats: dict[str, Any]) -> dict[str, Any]:

@@ -14,25 +14,12 @@ from hypothesis import strategies as st
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.flush import needs_flush, plan_batches
 from lakehouse_assets.lake import Lakehouse
-from lakehouse_assets.tables import (
-    STATEMENTS_SCHEMA,
-    TRANSLOG_SCHEMA,
-    Snapshot,
-    read_files,
-)
+from lakehouse_assets.tables import Snapshot
 from lakehouse_assets_tests.conftest import run_python, sample_entities
+from lakehouse_assets_tests.helpers.data import table_rows
 
 #: the data-plane group: ``make test`` runs it with Spark Connect and in process
 pytestmark = pytest.mark.spark_modes
-
-
-def table_rows(ds, which: str = "statements") -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
-    location = ds.statements_table if which == "statements" else ds.translog_table
-    schema = STATEMENTS_SCHEMA if which == "statements" else TRANSLOG_SCHEMA
-    partition = "origin" if which == "statements" else None
-    snap = Snapshot.load(location)
-    table = read_files(snap.files, schema, location.storage_options, partition=partition)
-    return sorted(table.to_pylist(), key=lambda r: (r["origin"], r["id"]))
 
 
 def test_plan_batches_groups_buckets_up_to_the_row_budget() -> None:

@@ -24,7 +24,7 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, versions
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets_tests.conftest import cli_args, examples, sample_entities
-from lakehouse_assets_tests.test_exports import normal
+from lakehouse_assets_tests.helpers.data import normal
 
 
 def entities_of(data: bytes) -> dict[str, dict[str, Any]]:
