@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from click.testing import CliRunner
@@ -20,6 +20,9 @@ from lakehouse_assets.errors import InvalidNameError
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets_tests.conftest import PROFILE, cli_args, lakehouse_env, sample_entities
 from lakehouse_assets_tests.helpers.data import input_entities
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def expected_edges(ds: Dataset) -> set[tuple[str, str, str, str]]:
@@ -54,7 +57,7 @@ def assert_current(ds: Dataset) -> None:
     assert graph.status(ds)["current"]
 
 
-def test_index_follows_writes_deletes_and_compact(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_index_follows_writes_deletes_and_compact(spark: SparkSession, lake: Lakehouse) -> None:
     ds = lake.create_dataset("graphs")
     entities = sample_entities()
     for e in entities:
@@ -128,7 +131,7 @@ def parquet_files(ds: Dataset, table: str) -> set[str]:
     }
 
 
-def test_refs_lookups(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_refs_lookups(spark: SparkSession, local_lake: Lakehouse) -> None:
     ds = local_lake.create_dataset("lookups")
     entities = sample_entities()
     for e in entities:
@@ -193,7 +196,9 @@ graph.update(Lakehouse(sys.argv[1], journal_url=sys.argv[2]).dataset(sys.argv[3]
 
 @pytest.mark.parametrize("point", faults.GRAPH_POINTS)
 @pytest.mark.parametrize("mode", ["rebuild", "update"])
-def test_a_killed_index_update_is_repaired(spark, lake: Lakehouse, point: str, mode: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_killed_index_update_is_repaired(
+    spark: SparkSession, lake: Lakehouse, point: str, mode: str
+) -> None:
     ds = lake.create_dataset("killed_graph")
     entities = sample_entities()
     for e in entities[:8]:
@@ -227,7 +232,9 @@ def test_a_killed_index_update_is_repaired(spark, lake: Lakehouse, point: str, m
 # --- graph exports -------------------------------------------------------------------
 
 
-def test_graph_exports_match_followthemoney(spark, lake: Lakehouse, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_graph_exports_match_followthemoney(
+    spark: SparkSession, lake: Lakehouse, tmp_path: Path
+) -> None:
     """The three graph exports of a dataset, on a local lake and on S3: each
     equals followthemoney's own export of the same entities file; a re-export
     removes Neo4j files of schemata no longer present."""
@@ -341,7 +348,11 @@ _STEPS = st.lists(
 
 @settings(max_examples=25 if PROFILE == "thorough" else 4)
 @given(rounds=st.lists(_STEPS, min_size=1, max_size=3))
-def test_updates_equal_a_rebuild(spark, tmp_path_factory, rounds) -> None:  # type: ignore[no-untyped-def]
+def test_updates_equal_a_rebuild(
+    spark: SparkSession,
+    tmp_path_factory: pytest.TempPathFactory,
+    rounds: list[list[tuple[str, int]]],
+) -> None:
     """After any mix of writes, deletes, re-adds, compact and optimize, each
     followed by a flush and an incremental update, the index holds exactly the
     live entity-typed statements (what a rebuild would hold)."""

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from lakehouse_assets.lake import Dataset
 from lakehouse_assets.tables import (
     STATEMENTS_SCHEMA,
     TRANSLOG_SCHEMA,
@@ -35,7 +36,7 @@ def normal(entity: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def table_rows(ds, which: str = "statements") -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
+def table_rows(ds: Dataset, which: str = "statements") -> list[dict[str, object]]:
     location = ds.statements_table if which == "statements" else ds.translog_table
     schema = STATEMENTS_SCHEMA if which == "statements" else TRANSLOG_SCHEMA
     partition = "origin" if which == "statements" else None
