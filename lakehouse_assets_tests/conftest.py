@@ -19,12 +19,20 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from lakehouse_assets import Lakehouse, Settings
 from lakehouse_assets.lake import Dataset
+
+if TYPE_CHECKING:
+    # pyspark stays out of collection (the session is built inside the fixture).
+    # A Connect session (pyspark.sql.connect.session.SparkSession, not a subclass)
+    # is typed as the classic one with the same methods, as pyspark's builder and
+    # get_spark declare it.
+    from pyspark.sql import SparkSession
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -282,7 +290,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def spark(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+def spark(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
     """The Spark session the tests' lakes use (see :data:`SPARK_MODE`)."""
     from lakehouse_assets.spark.session import get_spark, stop_spark
 

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 import pytest
@@ -18,6 +19,9 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.cli import cli
 from lakehouse_assets.entities import STATEMENT_COLUMNS
 from lakehouse_assets_tests.conftest import REPO, free_port, run_python, sample_entities
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 SAMPLE = REPO / "lakehouse_assets" / "sample"
 
@@ -336,7 +340,7 @@ def test_archive_by_checksum_prefix_and_jobs_listing(tmp_path: Path) -> None:
     assert empty.exit_code == 0 and "no 'flush' runs" in empty.stderr
 
 
-def test_status_says_what_is_stale_and_why(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_status_says_what_is_stale_and_why(spark: SparkSession, tmp_path: Path) -> None:
     from lakehouse_assets.cli import cli as root
 
     lake = Lakehouse(tmp_path / "lake")
@@ -377,7 +381,9 @@ def test_status_says_what_is_stale_and_why(spark, tmp_path: Path) -> None:  # ty
     assert report["exports"]["graph"]["fresh"] is True and report["operation_locks"] == {}
 
 
-def test_long_commands_say_what_they_do_and_spark_stays_quiet(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_long_commands_say_what_they_do_and_spark_stays_quiet(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     """make prints its stages with counts on stderr; the result is JSON on a pipe and
     a short summary for a person; an in-process Spark's JVM warnings go to a log
     file unless -v."""

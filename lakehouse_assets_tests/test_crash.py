@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -14,7 +15,10 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.faults import FLUSH_POINTS
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets_tests.conftest import sample_entities
-from lakehouse_assets_tests.test_flush import table_rows
+from lakehouse_assets_tests.helpers.data import table_rows
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 RUN = """
 import json, sys
@@ -93,7 +97,9 @@ def state(ds: Dataset) -> tuple[list[tuple[object, ...]], list[tuple[object, ...
 
 
 @pytest.mark.parametrize("point", FLUSH_POINTS)
-def test_flush_killed_at_each_point_then_rerun(spark, tmp_path: Path, point: str) -> None:  # type: ignore[no-untyped-def]
+def test_flush_killed_at_each_point_then_rerun(
+    spark: SparkSession, tmp_path: Path, point: str
+) -> None:
     control = prepare(Lakehouse(tmp_path / "control"))
     control.flush(batch_rows=25)
     expected = state(control)
@@ -114,7 +120,9 @@ def test_flush_killed_at_each_point_then_rerun(spark, tmp_path: Path, point: str
     assert ds.get_entity(str(sample_entities()[0]["id"])) is None
 
 
-def test_export_killed_before_replace_keeps_previous_file(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_export_killed_before_replace_keeps_previous_file(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     lake = Lakehouse(tmp_path / "lake")
     ds = lake.create_dataset("export_crash")
     for e in sample_entities()[:5]:
@@ -174,8 +182,8 @@ def test_a_killed_flush_leaves_nothing_the_next_one_does_not_remove(tmp_path: Pa
     ["optimize.after_statements_commit", "optimize.after_parquet", "optimize.before_vacuum"],
 )
 def test_optimize_killed_between_its_commits_then_rerun_with_vacuum(
-    spark, tmp_path: Path, point: str
-) -> None:  # type: ignore[no-untyped-def]
+    spark: SparkSession, tmp_path: Path, point: str
+) -> None:
     """An optimize killed after rewriting the statements table but before the
     translog commit that publishes it: the rerun publishes the optimized
     version (same rows) and its vacuum removes nothing readers are sent to."""

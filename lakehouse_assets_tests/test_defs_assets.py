@@ -23,22 +23,8 @@ from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.journal import Write, statement_row
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets_tests.conftest import sample_entities
+from lakehouse_assets_tests.helpers.defs import KEYS
 
-KEYS = {
-    "archive",
-    "mappings",
-    "journal",
-    "statements",
-    "translog",
-    "statements_csv",
-    "entities_ftm_json",
-    "statistics",
-    "index",
-    "graph",
-    "graph_cypher",
-    "optimize",
-    "compact",
-}
 LINEAGE = {
     "archive": set(),
     "mappings": {"archive"},

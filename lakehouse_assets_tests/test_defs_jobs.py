@@ -21,7 +21,7 @@ from lakehouse_assets.defs.partitions import DATASETS
 from lakehouse_assets.defs.resources import S3_ENV, LakehouseResource, SparkResource, s3_from_env
 from lakehouse_assets.lake import Lakehouse
 from lakehouse_assets.settings import Settings
-from lakehouse_assets_tests.test_defs_assets import KEYS
+from lakehouse_assets_tests.helpers.defs import KEYS
 
 #: What the refresh computes: every asset but the reported ones and maintenance.
 COMPUTED = KEYS - {"archive", "mappings", "journal", "optimize", "compact"}

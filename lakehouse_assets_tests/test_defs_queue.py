@@ -10,7 +10,7 @@ import pytest
 from lakehouse_assets.defs.partitions import DATASETS
 from lakehouse_assets.defs.queue import JOBS, SENSORS, consume_queue, queue_items
 from lakehouse_assets.lake import Lakehouse
-from lakehouse_assets_tests.test_defs_sensors import resources
+from lakehouse_assets_tests.helpers.defs import resources
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import pytest
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.definitions import defs
 from lakehouse_assets.defs.partitions import DATASETS
-from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.defs.sensors import archive_files, journal_writes, new_datasets
 from lakehouse_assets.lake import Lakehouse
+from lakehouse_assets_tests.helpers.defs import resources
 
 
 @pytest.fixture
@@ -22,14 +22,6 @@ def instance() -> Iterator[dg.DagsterInstance]:
     """A real instance with its storage in a temp folder, alive for the test."""
     with dg.instance_for_test() as instance:
         yield instance
-
-
-def resources(lake: Lakehouse) -> dict[str, object]:
-    return {
-        "lakehouse": LakehouseResource(
-            lake_uri=lake.settings.lake_uri, journal_url=lake.settings.journal_url
-        )
-    }
 
 
 #: Sensor contexts opened by a test (the lake resource nests dagster-aws's S3

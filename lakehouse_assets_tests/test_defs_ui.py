@@ -31,7 +31,7 @@ import requests
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.lake import Lakehouse
 from lakehouse_assets_tests.conftest import REPO, free_port, sample_entities, stop_process
-from lakehouse_assets_tests.test_defs_assets import KEYS
+from lakehouse_assets_tests.helpers.defs import KEYS
 
 DATASET = "ui_e2e"
 ARTIFACTS = REPO / "test-artifacts"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
@@ -24,12 +25,15 @@ from lakehouse_assets.delta import (
 )
 from lakehouse_assets_tests.conftest import make_bucket
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 SCHEMA = pa.schema([("id", pa.string()), ("value", pa.string()), ("origin", pa.string())])
 
 
 def spark_partitioned_files(
-    spark, staging: Path, rows: list[tuple[str, str, str]]
-) -> dict[str, list[Path]]:  # type: ignore[no-untyped-def]
+    spark: SparkSession, staging: Path, rows: list[tuple[str, str, str]]
+) -> dict[str, list[Path]]:
     """Let Spark write Parquet per origin; return files by origin (from our data, not dir names)."""
     out: dict[str, list[Path]] = {}
     for origin in sorted({r[2] for r in rows}):
@@ -42,7 +46,9 @@ def spark_partitioned_files(
     return out
 
 
-def test_spark_parquet_committed_by_delta_rs_is_standard_delta(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_spark_parquet_committed_by_delta_rs_is_standard_delta(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     rows = [("s1", "Ann", "crawl"), ("s2", "Bob", "crawl"), ("s3", "Müller", "ümlaut:src")]
     table_dir = tmp_path / "statements"
     loc = DeltaLocation(str(table_dir), {})
@@ -76,7 +82,7 @@ def test_spark_parquet_committed_by_delta_rs_is_standard_delta(spark, tmp_path: 
     assert {s["min.id"] for s in stats} == {"s1", "s3"}
 
 
-def test_second_commit_appends_and_time_travel(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_second_commit_appends_and_time_travel(spark: SparkSession, tmp_path: Path) -> None:
     loc = DeltaLocation(str(tmp_path / "t"), {})
 
     def write(name: str, ids: list[str]) -> None:

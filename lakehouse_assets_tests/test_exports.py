@@ -8,7 +8,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
@@ -23,26 +23,20 @@ from lakehouse_assets.journal import COLUMNS, row_statement
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.query import ftm_dataset
 from lakehouse_assets_tests.conftest import (
-    SHARED_DATA,
     lakehouse_env,
     run_python,
     sample_entities,
 )
+from lakehouse_assets_tests.helpers.data import input_entities, normal
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 #: the data-plane group: ``make test`` runs it with Spark Connect and in process
 pytestmark = pytest.mark.spark_modes
 
 SORT = ("canonical_id", "prop", "value", "origin", "id")
 EXPORT_FILES = (cv.STATEMENTS_CSV, cv.ENTITIES_JSON, cv.STATISTICS_JSON)
-
-
-def input_entities() -> list[dict[str, Any]]:
-    """Real data where ../shared is present (a slice of kek), else the sample."""
-    kek = SHARED_DATA / "kek.ftm.json"
-    if kek.exists():
-        lines = kek.read_bytes().splitlines()[:400]
-        return [orjson.loads(line) for line in lines if line.strip()]
-    return sample_entities()
 
 
 def acknowledged(ds: Dataset) -> list[Statement]:
@@ -60,16 +54,6 @@ def expected_entities(name: str, statements: list[Statement]) -> list[StatementE
     return [StatementEntity.from_statements(meta, by_entity[k]) for k in sorted(by_entity)]
 
 
-def normal(entity: dict[str, Any]) -> dict[str, Any]:
-    """Entity dicts with list order removed (followthemoney builds some lists from sets)."""
-    out = dict(entity)
-    for key in ("referents", "datasets", "origin"):
-        if key in out:
-            out[key] = sorted(out[key])
-    out["properties"] = {k: sorted(v) for k, v in out["properties"].items()}
-    return out
-
-
 def normal_stats(stats: dict[str, Any]) -> dict[str, Any]:
     """statistics.json with list order removed (ftmq lists them in the order it met them)."""
     out = json.loads(json.dumps(stats))
@@ -85,7 +69,7 @@ def lines(ds: Dataset, path: str) -> Iterator[bytes]:
 
 
 @pytest.fixture
-def exported(spark, lake: Lakehouse) -> tuple[Dataset, list[Statement]]:  # type: ignore[no-untyped-def]
+def exported(spark: SparkSession, lake: Lakehouse) -> tuple[Dataset, list[Statement]]:
     ds = lake.create_dataset("exporting", title="Exporting test")
     entities = input_entities()
     with ds.bulk(origin="crawl") as bulk:
@@ -101,7 +85,9 @@ def exported(spark, lake: Lakehouse) -> tuple[Dataset, list[Statement]]:  # type
     return ds, statements
 
 
-def test_statements_csv_is_followthemoneys_format(exported) -> None:  # type: ignore[no-untyped-def]
+def test_statements_csv_is_followthemoneys_format(
+    exported: tuple[Dataset, list[Statement]],
+) -> None:
     ds, statements = exported
     data = ds.store.read_bytes(cv.dataset_path(ds.name, cv.STATEMENTS_CSV))
     # byte-identical to followthemoney's own writer over the sorted live statements
@@ -116,7 +102,9 @@ def test_statements_csv_is_followthemoneys_format(exported) -> None:  # type: ig
     assert {s.id: s.to_dict() for s in back} == {s.id: s.to_dict() for s in statements}
 
 
-def test_entities_json_equals_followthemoney_aggregation(exported) -> None:  # type: ignore[no-untyped-def]
+def test_entities_json_equals_followthemoney_aggregation(
+    exported: tuple[Dataset, list[Statement]],
+) -> None:
     ds, statements = exported
     got = [orjson.loads(line) for line in lines(ds, cv.ENTITIES_JSON)]
     want = [e.to_dict() for e in expected_entities(ds.name, statements)]
@@ -127,7 +115,7 @@ def test_entities_json_equals_followthemoney_aggregation(exported) -> None:  # t
     assert [e["id"] for e in ds.stream_entities()] == [g["id"] for g in got]
 
 
-def test_statistics_are_ftmqs_dataset_stats(exported) -> None:  # type: ignore[no-untyped-def]
+def test_statistics_are_ftmqs_dataset_stats(exported: tuple[Dataset, list[Statement]]) -> None:
     ds, statements = exported
     got = json.loads(ds.store.read_text(cv.dataset_path(ds.name, cv.STATISTICS_JSON)))
     want = Collector().collect_many(expected_entities(ds.name, statements)).model_dump(mode="json")  # type: ignore[no-untyped-call]
@@ -135,7 +123,7 @@ def test_statistics_are_ftmqs_dataset_stats(exported) -> None:  # type: ignore[n
     assert got["entity_count"] == len({s.canonical_id for s in statements})
 
 
-def test_index_json_links_every_export(exported) -> None:  # type: ignore[no-untyped-def]
+def test_index_json_links_every_export(exported: tuple[Dataset, list[Statement]]) -> None:
     ds, _ = exported
     index = json.loads(ds.store.read_text(cv.dataset_path(ds.name, cv.INDEX)))
     assert index["name"] == ds.name and index["title"] == "Exporting test"
@@ -154,7 +142,9 @@ def test_index_json_links_every_export(exported) -> None:  # type: ignore[no-unt
     assert json.loads(ds.store.read_text(versions[0])) == index
 
 
-def test_exports_skip_when_fresh_and_follow_new_writes(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_exports_skip_when_fresh_and_follow_new_writes(
+    spark: SparkSession, local_lake: Lakehouse
+) -> None:
     ds = local_lake.create_dataset("freshness")
     entities = sample_entities()
     for e in entities[:5]:
@@ -178,7 +168,7 @@ def test_exports_skip_when_fresh_and_follow_new_writes(spark, local_lake: Lakeho
     assert len(list(lines(ds, cv.ENTITIES_JSON))) == 6
 
 
-def test_empty_dataset_exports_empty_files(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_empty_dataset_exports_empty_files(spark: SparkSession, local_lake: Lakehouse) -> None:
     ds = local_lake.create_dataset("empty")
     result = ds.make()
     assert result.written["entities"]["rows"] == 0
@@ -187,7 +177,7 @@ def test_empty_dataset_exports_empty_files(spark, local_lake: Lakehouse) -> None
     assert len(header) == 1 and header[0].startswith(b'"canonical_id"')
 
 
-def test_cli_flush_make_get_query_stream(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_cli_flush_make_get_query_stream(spark: SparkSession, tmp_path: Path) -> None:
     from click.testing import CliRunner
 
     from lakehouse_assets.cli import cli
@@ -239,7 +229,9 @@ def awkward_entities(rng: Any, count: int) -> list[dict[str, Any]]:
     return out
 
 
-def test_sql_rendering_is_followthemoneys_csv_writer(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_sql_rendering_is_followthemoneys_csv_writer(
+    spark: SparkSession, local_lake: Lakehouse
+) -> None:
     """``statement_csv_buffers`` (the logical hash, as-of exports) gives the bytes of
     followthemoney's CSVStatementWriter, and of the Spark export, for awkward values,
     a statement written by two origins, original values, languages and externals."""
@@ -285,8 +277,8 @@ def test_sql_rendering_is_followthemoneys_csv_writer(spark, local_lake: Lakehous
 
 
 def test_statistics_in_a_fresh_process_import_ftmq_while_spark_aggregates(
-    spark, local_lake: Lakehouse
-) -> None:  # type: ignore[no-untyped-def]
+    spark: SparkSession, local_lake: Lakehouse
+) -> None:
     """A fresh process (a CLI command, a Dagster step) has not imported ftmq when
     the statistics aggregation starts: the import runs on a thread while Spark
     aggregates (``preload``), and the main thread's import then waits for it.
@@ -440,7 +432,9 @@ def add_awkward_entities(ds: Dataset) -> None:
         )
 
 
-def test_sql_entities_and_statistics_on_awkward_entities(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_sql_entities_and_statistics_on_awkward_entities(
+    spark: SparkSession, local_lake: Lakehouse
+) -> None:
     """The Spark SQL aggregation (``spark.ftm_sql``) against followthemoney and ftmq
     where their rules branch: schemata merged across origins, captions picked
     among several names in several languages (rigour's ``pick_lang_name``, the
@@ -468,7 +462,7 @@ def test_sql_entities_and_statistics_on_awkward_entities(spark, local_lake: Lake
 
 
 def test_the_export_is_the_same_bytes_on_one_partition_and_on_several(
-    spark,  # type: ignore[no-untyped-def]
+    spark: SparkSession,
     local_lake: Lakehouse,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -507,7 +501,7 @@ def test_the_export_is_the_same_bytes_on_one_partition_and_on_several(
 
 
 def test_ranged_coalesces_only_a_small_input_wanted_in_one_partition(
-    spark,  # type: ignore[no-untyped-def]
+    spark: SparkSession,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """``ranged`` (flush, compact, optimize, exports): one partition from a small
@@ -547,7 +541,7 @@ def test_ranged_coalesces_only_a_small_input_wanted_in_one_partition(
     assert "exchange" in plan(large)  # Spark's range exchange into a single partition
 
 
-def test_the_spark_driver_runs_with_the_configured_java_options(spark) -> None:  # type: ignore[no-untyped-def]
+def test_the_spark_driver_runs_with_the_configured_java_options(spark: SparkSession) -> None:
     """The driver JVM, in process or the Connect server the fixture started,
     gets ``spark_driver_java_options`` (G1, named, by default) after the
     lakehouse's own options."""
@@ -560,7 +554,7 @@ def test_the_spark_driver_runs_with_the_configured_java_options(spark) -> None: 
 
 
 def test_the_caption_udf_is_planned_only_when_an_entity_needs_a_pick(
-    spark,  # type: ignore[no-untyped-def]
+    spark: SparkSession,
     local_lake: Lakehouse,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -601,8 +595,8 @@ def test_the_caption_udf_is_planned_only_when_an_entity_needs_a_pick(
 
 
 def test_entities_with_no_common_schema_fail_the_export_by_name(
-    spark, local_lake: Lakehouse
-) -> None:  # type: ignore[no-untyped-def]
+    spark: SparkSession, local_lake: Lakehouse
+) -> None:
     """Statements that make one entity a Person and a Company: the export fails
     naming the entity and both schemata, as followthemoney's aggregation does,
     and the exports written before stay as they were."""
@@ -618,8 +612,8 @@ def test_entities_with_no_common_schema_fail_the_export_by_name(
 
 
 def test_an_export_whose_spark_went_away_raises_its_own_error_and_cleans_up(
-    spark, local_lake: Lakehouse
-) -> None:  # type: ignore[no-untyped-def]
+    spark: SparkSession, local_lake: Lakehouse
+) -> None:
     """Spark gone mid-export (a driver that ran out of heap stops its SparkContext):
     the pass's clean-up cannot unpersist its cached frames, but it must neither
     replace the error that ended the pass with its own nor leave the staging
@@ -659,7 +653,7 @@ def test_an_export_whose_spark_went_away_raises_its_own_error_and_cleans_up(
 
 
 def test_index_takes_the_checksums_the_export_pass_computed(
-    spark,  # type: ignore[no-untyped-def]
+    spark: SparkSession,
     local_lake: Lakehouse,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
@@ -14,25 +14,15 @@ from hypothesis import strategies as st
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.flush import needs_flush, plan_batches
 from lakehouse_assets.lake import Lakehouse
-from lakehouse_assets.tables import (
-    STATEMENTS_SCHEMA,
-    TRANSLOG_SCHEMA,
-    Snapshot,
-    read_files,
-)
+from lakehouse_assets.tables import Snapshot
 from lakehouse_assets_tests.conftest import run_python, sample_entities
+from lakehouse_assets_tests.helpers.data import table_rows
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 #: the data-plane group: ``make test`` runs it with Spark Connect and in process
 pytestmark = pytest.mark.spark_modes
-
-
-def table_rows(ds, which: str = "statements") -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
-    location = ds.statements_table if which == "statements" else ds.translog_table
-    schema = STATEMENTS_SCHEMA if which == "statements" else TRANSLOG_SCHEMA
-    partition = "origin" if which == "statements" else None
-    snap = Snapshot.load(location)
-    table = read_files(snap.files, schema, location.storage_options, partition=partition)
-    return sorted(table.to_pylist(), key=lambda r: (r["origin"], r["id"]))
 
 
 def test_plan_batches_groups_buckets_up_to_the_row_budget() -> None:
@@ -44,7 +34,7 @@ def test_plan_batches_groups_buckets_up_to_the_row_budget() -> None:
     assert plan_batches([(0, 10), (1, 10), (2, 5)], 20) == [[0, 1], [2]]
 
 
-def test_flush_new_duplicate_and_tombstone(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_flush_new_duplicate_and_tombstone(spark: SparkSession, lake: Lakehouse) -> None:
     ds = lake.create_dataset("flushing")
     entities = sample_entities()
     written = sum(ds.add_entity(e, origin="import") for e in entities)
@@ -107,8 +97,8 @@ def test_flush_new_duplicate_and_tombstone(spark, lake: Lakehouse) -> None:  # t
 
 
 def test_a_journal_the_tasks_cannot_open_is_read_on_the_driver(
-    spark, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    spark: SparkSession, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A Spark Connect server on another machine cannot open a SQLite journal
     file: the driver reads and reduces the claimed rows and stages them. Both
     ways give the same tables and the same counts, for a first flush (nothing
@@ -152,8 +142,8 @@ def test_a_journal_the_tasks_cannot_open_is_read_on_the_driver(
 
 
 def test_flush_in_many_batches_equals_one_batch(
-    spark, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    spark: SparkSession, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Batches, and tasks within a batch (a task reads at most ``TASK_ROWS``
     journal rows, whole buckets), cut the work, never the result."""
     from lakehouse_assets import flush
@@ -193,7 +183,9 @@ def test_flush_in_many_batches_equals_one_batch(
     assert table_rows(one, "translog") and {r["origin"] for r in table_rows(many)} == {"a", "b"}
 
 
-def test_tombstone_before_flush_never_reaches_the_table(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_tombstone_before_flush_never_reaches_the_table(
+    spark: SparkSession, local_lake: Lakehouse
+) -> None:
     ds = local_lake.create_dataset("early_delete")
     entity = sample_entities()[0]
     n = ds.add_entity(entity)
@@ -207,7 +199,9 @@ def test_tombstone_before_flush_never_reaches_the_table(spark, local_lake: Lakeh
     assert ds.get_entity(str(entity["id"])) is not None
 
 
-def test_rewrite_after_delete_revives_and_keeps_first_seen(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_rewrite_after_delete_revives_and_keeps_first_seen(
+    spark: SparkSession, local_lake: Lakehouse
+) -> None:
     ds = local_lake.create_dataset("revive")
     entity = sample_entities()[0]
     n = ds.add_entity(entity)
@@ -225,7 +219,9 @@ def test_rewrite_after_delete_revives_and_keeps_first_seen(spark, local_lake: La
     assert ds.get_entity(str(entity["id"])) is not None
 
 
-def test_tables_are_standard_delta_for_other_readers(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_tables_are_standard_delta_for_other_readers(
+    spark: SparkSession, local_lake: Lakehouse
+) -> None:
     ds = local_lake.create_dataset("readers")
     for e in sample_entities():
         ds.add_entity(e, origin="mapping:0af3.v1")

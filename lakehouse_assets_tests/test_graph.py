@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from click.testing import CliRunner
@@ -19,7 +19,10 @@ from lakehouse_assets import faults, graph
 from lakehouse_assets.errors import InvalidNameError
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets_tests.conftest import PROFILE, cli_args, lakehouse_env, sample_entities
-from lakehouse_assets_tests.test_exports import input_entities
+from lakehouse_assets_tests.helpers.data import input_entities
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def expected_edges(ds: Dataset) -> set[tuple[str, str, str, str]]:
@@ -54,7 +57,7 @@ def assert_current(ds: Dataset) -> None:
     assert graph.status(ds)["current"]
 
 
-def test_index_follows_writes_deletes_and_compact(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_index_follows_writes_deletes_and_compact(spark: SparkSession, lake: Lakehouse) -> None:
     ds = lake.create_dataset("graphs")
     entities = sample_entities()
     for e in entities:
@@ -128,7 +131,7 @@ def parquet_files(ds: Dataset, table: str) -> set[str]:
     }
 
 
-def test_refs_lookups(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_refs_lookups(spark: SparkSession, local_lake: Lakehouse) -> None:
     ds = local_lake.create_dataset("lookups")
     entities = sample_entities()
     for e in entities:
@@ -193,7 +196,9 @@ graph.update(Lakehouse(sys.argv[1], journal_url=sys.argv[2]).dataset(sys.argv[3]
 
 @pytest.mark.parametrize("point", faults.GRAPH_POINTS)
 @pytest.mark.parametrize("mode", ["rebuild", "update"])
-def test_a_killed_index_update_is_repaired(spark, lake: Lakehouse, point: str, mode: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_killed_index_update_is_repaired(
+    spark: SparkSession, lake: Lakehouse, point: str, mode: str
+) -> None:
     ds = lake.create_dataset("killed_graph")
     entities = sample_entities()
     for e in entities[:8]:
@@ -227,86 +232,9 @@ def test_a_killed_index_update_is_repaired(spark, lake: Lakehouse, point: str, m
 # --- graph exports -------------------------------------------------------------------
 
 
-def _cypher_json(text: str) -> Any:
-    """A Cypher list/map literal as JSON: quote the keys outside strings."""
-    out, i, in_string = [], 0, False
-    while i < len(text):
-        c = text[i]
-        if in_string:
-            out.append(c)
-            if c == "\\":
-                out.append(text[i + 1])
-                i += 1
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-            out.append(c)
-        elif c == "`" or c.isalpha() or c == "_":
-            j = i
-            while j < len(text) and (text[j].isalnum() or text[j] in "_`"):
-                j += 1
-            out.append(json.dumps(text[i:j].strip("`")))
-            i = j - 1
-        else:
-            out.append(c)
-        i += 1
-    return json.loads("".join(out))
-
-
-def _graph_of(script: str) -> tuple[dict[str, tuple[frozenset[str], dict[str, str]]], set[Any]]:
-    """The graph a Cypher script leaves in Neo4j, by replaying its statements in
-    order with Neo4j's semantics: ``MERGE`` finds or creates a node by id, ``SET
-    n += map`` adds properties, ``SET n:Labels`` adds labels, ``ON CREATE`` only
-    acts on a new node, and a relationship needs both ends (``MATCH``).
-    Returns nodes (id → labels without ``Entity``, properties) and
-    relationships (type, source, target, properties)."""
-    import re
-
-    nodes: dict[str, tuple[set[str], dict[str, str]]] = {}
-    rels: set[Any] = set()
-
-    def node(props: dict[str, str], labels: list[str], on_create: bool) -> None:
-        named = {label for label in labels if label != "Entity"}
-        known = nodes.get(props["id"])
-        if known is None:
-            nodes[props["id"]] = (named, dict(props))
-        elif not on_create:
-            known[0].update(named)
-            known[1].update(props)
-
-    def rel(kind: str, source: str, target: str, props: dict[str, str]) -> None:
-        if source in nodes and target in nodes:
-            rels.add((kind, source, target, frozenset(props.items())))
-
-    for line in script.splitlines():
-        if m := re.match(r"MERGE \(p \{ .* \}\) SET p \+= (\{.*\}) SET p :(.*);$", line):
-            node(_cypher_json(m.group(1)), m.group(2).split(":"), False)
-        elif m := re.match(
-            r"MATCH \(s (\{.*?\})\), \(t (\{.*?\})\) MERGE \(s\)-\[:(\w+) (\{.*\})\]->\(t\);$", line
-        ):
-            rel(
-                m.group(3),
-                _cypher_json(m.group(1))["id"],
-                _cypher_json(m.group(2))["id"],
-                _cypher_json(m.group(4)),
-            )
-        elif m := re.match(
-            r"UNWIND (\[.*\]) AS row MERGE \(n:Entity \{id: row.id\}\) (?:ON CREATE )?SET n \+= row,? (?:SET )?n:(.*);$",
-            line,
-        ):
-            labels = m.group(2).replace("`", "").split(":")
-            for props in _cypher_json(m.group(1)):
-                node(props, labels, "ON CREATE" in line)
-        elif m := re.match(r"UNWIND (\[.*\]) AS row MATCH .* MERGE \(s\)-\[r:`(\w+)` .*$", line):
-            for row in _cypher_json(m.group(1)):
-                rel(m.group(2), row["source"], row["target"], row["props"])
-        elif line.strip() and not line.startswith("CREATE CONSTRAINT"):
-            raise AssertionError(f"unparsed line: {line[:120]}")
-    return {k: (frozenset(v[0]), v[1]) for k, v in nodes.items()}, rels
-
-
-def test_graph_exports_match_followthemoney(spark, lake: Lakehouse, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_graph_exports_match_followthemoney(
+    spark: SparkSession, lake: Lakehouse, tmp_path: Path
+) -> None:
     """The three graph exports of a dataset, on a local lake and on S3: each
     equals followthemoney's own export of the same entities file; a re-export
     removes Neo4j files of schemata no longer present."""
@@ -317,9 +245,10 @@ def test_graph_exports_match_followthemoney(spark, lake: Lakehouse, tmp_path: Pa
     from followthemoney.export.neo4j import CypherGraphExporter
 
     from lakehouse_assets import graph_exports
-    from lakehouse_assets_tests.test_graph_exports import (
+    from lakehouse_assets_tests.helpers.graph import (
         _csv_files,
         _elements,
+        _graph_of,
         followthemoney_neo4j,
         followthemoney_networkx,
     )
@@ -419,7 +348,11 @@ _STEPS = st.lists(
 
 @settings(max_examples=25 if PROFILE == "thorough" else 4)
 @given(rounds=st.lists(_STEPS, min_size=1, max_size=3))
-def test_updates_equal_a_rebuild(spark, tmp_path_factory, rounds) -> None:  # type: ignore[no-untyped-def]
+def test_updates_equal_a_rebuild(
+    spark: SparkSession,
+    tmp_path_factory: pytest.TempPathFactory,
+    rounds: list[list[tuple[str, int]]],
+) -> None:
     """After any mix of writes, deletes, re-adds, compact and optimize, each
     followed by a flush and an incremental update, the index holds exactly the
     live entity-typed statements (what a rebuild would hold)."""

@@ -16,25 +16,27 @@ and non-BMP characters.
 
 from __future__ import annotations
 
-import csv
 import io
 import json
-import re
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
 from followthemoney import model
-from followthemoney.export.graph import GraphExporter
-from followthemoney.export.neo4j import CypherGraphExporter, Neo4JCSVExporter
+from followthemoney.export.neo4j import CypherGraphExporter
 from followthemoney.types import registry
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lakehouse_assets.graph_exports import GraphSQL, write_batched_cypher
 from lakehouse_assets_tests.conftest import PROFILE
-from lakehouse_assets_tests.test_graph import _graph_of
+from lakehouse_assets_tests.helpers.graph import (
+    _csv_files,
+    _elements,
+    _graph_of,
+    followthemoney_neo4j,
+    followthemoney_networkx,
+)
 
 #: node and edge schemata, with entity-typed properties on nodes (Address,
 #: Passport's holder, Note's entity) and several edge kinds
@@ -158,68 +160,6 @@ def test_cypher_sql_names_and_references(tmp_path: Path) -> None:
 
 
 # --- GraphML and the Neo4j CSVs ---------------------------------------------------------
-
-#: what XML 1.0 cannot hold (the export leaves it out)
-_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
-
-
-def followthemoney_networkx(lines: list[dict[str, Any]]) -> nx.MultiDiGraph:
-    """followthemoney's graph of the whole file in networkx, attributes as
-    networkx's exporters give them (exportable properties, schema, label,
-    weight)."""
-    exporter = GraphExporter()
-    for data in lines:
-        exporter.graph.add(model.get_proxy(data))
-    graph = nx.MultiDiGraph()
-    for node in exporter.graph.iternodes():
-        attributes = exporter.get_attributes(node)
-        attributes["schema"] = node.schema.name if node.schema else node.type.name
-        if node.caption is not None:
-            attributes["label"] = node.caption
-        graph.add_node(node.id, **attributes)
-    for edge in exporter.graph.iteredges():
-        attributes = exporter.get_attributes(edge)
-        attributes["schema"] = edge.type_name
-        attributes["weight"] = str(edge.weight)
-        graph.add_edge(edge.source_id, edge.target_id, key=edge.id, **attributes)
-    return graph
-
-
-def _elements(graph: nx.MultiDiGraph) -> tuple[dict[Any, Any], dict[Any, Any]]:
-    """Nodes and edges with their attributes, as XML can hold them (no empty
-    attribute, no character XML 1.0 lacks)."""
-
-    def clean(data: dict[str, Any]) -> dict[str, str]:
-        out = {k: _NOT_XML.sub("", v) for k, v in data.items()}
-        return {k: v for k, v in out.items() if v}
-
-    nodes = {n: clean(d) for n, d in graph.nodes(data=True)}
-    edges = {(u, v, k): clean(d) for u, v, k, d in graph.edges(keys=True, data=True)}
-    return nodes, edges
-
-
-def followthemoney_neo4j(folder: Path, lines: list[dict[str, Any]]) -> Path:
-    exporter = Neo4JCSVExporter(folder)
-    for data in lines:
-        exporter.write(model.get_proxy(data))
-    exporter.finalize()
-    return folder
-
-
-def _csv_files(folder: Path) -> dict[str, Any]:
-    """Each CSV's header and rows (a multiset; label cells with their names
-    sorted, since followthemoney's order is a set's), and the script's lines."""
-    found: dict[str, Any] = {}
-    for path in sorted(folder.iterdir()):
-        if path.suffix != ".csv":
-            found[path.name] = sorted(path.read_text(encoding="utf-8").splitlines())
-            continue
-        with path.open(encoding="utf-8", newline="") as fh:
-            header, *rows = list(csv.reader(fh))
-        if header[:2] == ["id:ID", ":LABEL"]:
-            rows = [[r[0], ";".join(sorted(r[1].split(";"))), *r[2:]] for r in rows]
-        found[path.name] = (header, Counter(tuple(r) for r in rows))
-    return found
 
 
 def _our_files(tmp: Path, lines: list[dict[str, Any]]) -> tuple[Path, Path, dict[str, int]]:

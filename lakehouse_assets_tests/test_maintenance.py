@@ -4,6 +4,7 @@ test_properties_dataset)."""
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from click.testing import CliRunner
 
@@ -14,10 +15,13 @@ from lakehouse_assets.lake import Lakehouse
 from lakehouse_assets.tables import Snapshot
 from lakehouse_assets_tests.conftest import cli_args, sample_entities
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 ENTITIES = sample_entities()
 
 
-def test_optimize_merges_files_and_tags(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_optimize_merges_files_and_tags(spark: SparkSession, local_lake: Lakehouse) -> None:
     ds = local_lake.create_dataset("optimizing")
     for e in ENTITIES:  # one flush per entity: many small files
         ds.add_entity(e)
@@ -51,7 +55,7 @@ def test_optimize_merges_files_and_tags(spark, local_lake: Lakehouse) -> None:  
     assert json.loads(listed.stdout)["stats"]["live"] == compacted.stats["live"]
 
 
-def test_compact_on_empty_dataset_is_a_no_op(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_compact_on_empty_dataset_is_a_no_op(spark: SparkSession, local_lake: Lakehouse) -> None:
     ds = local_lake.create_dataset("nothing")
     assert ds.compact().live == 0
     assert ds.optimize().files_added == 0

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
@@ -22,6 +22,9 @@ from lakehouse_assets.journal import row_statement
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.mappings import mapping_origin
 from lakehouse_assets_tests.conftest import REPO, SHARED_DATA
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 HERE = Path(__file__).parent
 #: A small CSV + mapping of our own, so the suite runs without ../shared.
@@ -289,7 +292,9 @@ def test_mapping_sensor_and_job(local_lake: Lakehouse, tmp_path: Path) -> None:
     assert listed["fresh"] is True
 
 
-def test_spark_mapping_stages_in_the_lake(spark, lake: Lakehouse, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_spark_mapping_stages_in_the_lake(
+    spark: SparkSession, lake: Lakehouse, tmp_path: Path
+) -> None:
     """The Spark engine stages the CSV rows and its tasks' output in the lake's
     own ``_staging/`` area (on S3 for an s3:// lake; tasks never use the driver's
     disk), gives what the local engine gives, and leaves no staging behind."""

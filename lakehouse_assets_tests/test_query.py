@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ftmq.query import M, P, Query
 
 from lakehouse_assets.lake import Lakehouse
 from lakehouse_assets_tests.conftest import sample_entities
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
-def test_get_and_query(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+
+def test_get_and_query(spark: SparkSession, lake: Lakehouse) -> None:
     ds = lake.create_dataset("querying")
     entities = sample_entities()
     for e in entities:
@@ -42,7 +46,9 @@ def test_get_and_query(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyp
     assert sorted(e.id for e in some) == sorted(["acme-trading", str(person["id"])])
 
 
-def test_query_without_flush_does_not_see_the_journal(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_query_without_flush_does_not_see_the_journal(
+    spark: SparkSession, local_lake: Lakehouse
+) -> None:
     ds = local_lake.create_dataset("noflush")
     entities = sample_entities()
     ds.add_entity(entities[0])
@@ -54,7 +60,7 @@ def test_query_without_flush_does_not_see_the_journal(spark, local_lake: Lakehou
     assert len(list(ds.query())) == 2
 
 
-def test_query_streams_a_range_of_buckets_at_a_time(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_query_streams_a_range_of_buckets_at_a_time(spark: SparkSession, lake: Lakehouse) -> None:
     """A query without ids reads the table in chunks (bounded memory) and still
     returns every live entity whole, once: the same as reading it in one go."""
     from lakehouse_assets.query import bucket_ranges, live_chunks
@@ -105,7 +111,9 @@ def test_query_streams_a_range_of_buckets_at_a_time(spark, lake: Lakehouse) -> N
     assert only_b == {"p-3"}
 
 
-def test_a_schema_filter_reads_only_the_entities_that_can_match(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_a_schema_filter_reads_only_the_entities_that_can_match(
+    spark: SparkSession, lake: Lakehouse
+) -> None:
     """``schemata`` is applied to the tables (only entities with a statement of a
     wanted schema are read), yet gives what ftmq's schema filter gives on every
     entity: an entity written as LegalEntity by one origin and as Company by
@@ -152,7 +160,9 @@ def test_a_schema_filter_reads_only_the_entities_that_can_match(spark, lake: Lak
         raise AssertionError("an unknown schema must be an error")
 
 
-def test_reads_follow_every_commit_of_the_tables(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_reads_follow_every_commit_of_the_tables(
+    spark: SparkSession, local_lake: Lakehouse
+) -> None:
     """Readers keep the latest snapshot between reads (loading it costs a get's
     budget) and must still see each new commit: a flush made through another
     Lakehouse object, and a dataset deleted and created again under the same name."""

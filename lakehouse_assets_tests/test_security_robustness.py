@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 import pytest
@@ -32,6 +33,9 @@ from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.locks import boot_id, process_start
 from lakehouse_assets.storage import LocalStore
 from lakehouse_assets_tests.conftest import cli_args, lakehouse_env, sample_entities
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def lakehouse(
@@ -59,7 +63,7 @@ def one_line_error(res: subprocess.CompletedProcess[str]) -> str:
 # --- foreign commits ----------------------------------------------------------------
 
 
-def test_a_foreign_delete_commit_is_read_correctly(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_a_foreign_delete_commit_is_read_correctly(spark: SparkSession, lake: Lakehouse) -> None:
     """delta-rs's ``delete()`` rewrites the file with ``string_view`` columns; pyarrow
     has no filter kernels for them, so every later read that pushed a filter
     down (the graph rebuild, the readers after the next flush) failed with

@@ -13,7 +13,7 @@ import shutil
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,6 +28,9 @@ from lakehouse_assets.settings import Settings
 from lakehouse_assets.tables import TRANSLOG_SCHEMA
 from lakehouse_assets_tests.conftest import make_bucket, sample_entities
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 NAME = "tampered"
 HEAD = 4
 
@@ -37,7 +40,7 @@ def open_lake(root: Path) -> Lakehouse:
 
 
 @pytest.fixture(scope="module")
-def published(spark, tmp_path_factory: pytest.TempPathFactory) -> Path:  # type: ignore[no-untyped-def]
+def published(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A local lake with four published versions and a graph index: changes, more
     changes (graph current), a delete compacted before make, and a compact of a
     published dataset (version 4, published by compact itself)."""
@@ -622,8 +625,8 @@ def test_files_a_vacuum_removed_are_no_problem(published: Path, tmp_path: Path) 
 
 
 def test_make_rewrites_an_export_that_differs_from_its_manifest(
-    spark, published: Path, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+    spark: SparkSession, published: Path, tmp_path: Path
+) -> None:
     """A tampered statements.csv with a later tag is not fresh: make writes it again."""
     root, ds = copy_of(published, tmp_path)
     original = (D(root) / cv.STATEMENTS_CSV).read_bytes()
@@ -649,8 +652,8 @@ def test_an_as_of_read_of_a_removed_file_blames_no_vacuum(published: Path, tmp_p
 
 
 def test_a_flush_after_the_head_is_a_note_and_make_covers_it(
-    spark, published: Path, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+    spark: SparkSession, published: Path, tmp_path: Path
+) -> None:
     """Lakehouse commits after the head (a flush not made yet) are named in a note,
     not a problem; the next make publishes them and optimize publishes its merge."""
     root, ds = copy_of(published, tmp_path)

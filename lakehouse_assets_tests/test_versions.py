@@ -13,7 +13,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
@@ -24,7 +24,10 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, versions
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets_tests.conftest import cli_args, examples, sample_entities
-from lakehouse_assets_tests.test_exports import normal
+from lakehouse_assets_tests.helpers.data import normal
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def entities_of(data: bytes) -> dict[str, dict[str, Any]]:
@@ -51,7 +54,9 @@ def renamed(entity: dict[str, Any], prop: str, value: str) -> dict[str, Any]:
 # --- publishing ------------------------------------------------------------------
 
 
-def test_a_versions_totals_agree_however_they_are_counted(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_a_versions_totals_agree_however_they_are_counted(
+    spark: SparkSession, lake: Lakehouse
+) -> None:
     """A manifest's live-statement totals come from the statements export that was
     just written, or from the translog (DuckDB, bounded memory): both equal to
     counting the translog's live ids in memory, with a statement live in two origins counted once and one
@@ -88,7 +93,7 @@ def test_a_versions_totals_agree_however_they_are_counted(spark, lake: Lakehouse
     assert expected["live_statements"] == csv.count(b"\n") - 1
 
 
-def test_each_change_publishes_one_linked_version(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_each_change_publishes_one_linked_version(spark: SparkSession, lake: Lakehouse) -> None:
     ds = lake.create_dataset("versioned")
     entities = sample_entities()
     for e in entities[:5]:
@@ -139,7 +144,7 @@ def test_each_change_publishes_one_linked_version(spark, lake: Lakehouse) -> Non
     assert report.versions == 2 and report.head == v2.hash
 
 
-def test_racing_publishers_make_one_version(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_racing_publishers_make_one_version(spark: SparkSession, lake: Lakehouse) -> None:
     """Two publishers of the same snapshot: one sequence number, one winner; the
     loser retries on the new head, finds nothing changed and publishes nothing."""
     ds = lake.create_dataset("racing")
@@ -189,8 +194,8 @@ lake.dataset(sys.argv[3]).make()
 
 @pytest.mark.parametrize("point", faults.PUBLISH_POINTS)
 def test_a_publish_killed_at_any_point_is_finished_by_the_next(
-    spark, local_lake: Lakehouse, point: str
-) -> None:  # type: ignore[no-untyped-def]
+    spark: SparkSession, local_lake: Lakehouse, point: str
+) -> None:
     ds = local_lake.create_dataset("killed")
     entities = sample_entities()
     for e in entities[:4]:
@@ -227,7 +232,7 @@ def test_a_publish_killed_at_any_point_is_finished_by_the_next(
 # --- as-of reads -------------------------------------------------------------------
 
 
-def test_as_of_reads_equal_what_each_version_exported(spark, lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_as_of_reads_equal_what_each_version_exported(spark: SparkSession, lake: Lakehouse) -> None:
     """After writes, deletes, a modification, compact and optimize, every earlier
     version reads back exactly as it was exported then."""
     ds = lake.create_dataset("as_of")
@@ -300,8 +305,8 @@ def test_as_of_reads_equal_what_each_version_exported(spark, lake: Lakehouse) ->
 
 
 def test_an_as_of_read_beyond_vacuum_retention_says_what_to_set(
-    spark, local_lake: Lakehouse
-) -> None:  # type: ignore[no-untyped-def]
+    spark: SparkSession, local_lake: Lakehouse
+) -> None:
     ds = local_lake.create_dataset("vacuumed")
     entities = sample_entities()
     for e in entities[:4]:
@@ -335,7 +340,11 @@ OPS = st.lists(
 
 @settings(max_examples=examples(3, 25))
 @given(history=st.lists(OPS, min_size=1, max_size=examples(3, 5)))
-def test_parent_export_plus_diff_is_the_new_export(spark, tmp_path_factory, history) -> None:  # type: ignore[no-untyped-def]
+def test_parent_export_plus_diff_is_the_new_export(
+    spark: SparkSession,
+    tmp_path_factory: pytest.TempPathFactory,
+    history: list[list[tuple[str, int]]],
+) -> None:
     root = tmp_path_factory.mktemp("diffs")
     lake = Lakehouse(root / "lake", journal_url=f"sqlite:///{root / 'journal.sqlite'}")
     ds = lake.create_dataset("diffs")
@@ -384,7 +393,7 @@ def test_parent_export_plus_diff_is_the_new_export(spark, tmp_path_factory, hist
 
 
 @pytest.fixture(scope="module")
-def published(spark, tmp_path_factory: pytest.TempPathFactory) -> Path:  # type: ignore[no-untyped-def]
+def published(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A local lake with three published versions (changes, deletes, compact)."""
     root = tmp_path_factory.mktemp("published")
     lake = Lakehouse(root / "lake", journal_url=f"sqlite:///{root / 'journal.sqlite'}")
@@ -619,7 +628,9 @@ def test_verify_checks_a_trusted_head(published: Path) -> None:
 # --- provenance, catalog, CLI ------------------------------------------------------
 
 
-def test_trace_names_origin_file_and_versions(spark, local_lake: Lakehouse, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_trace_names_origin_file_and_versions(
+    spark: SparkSession, local_lake: Lakehouse, tmp_path: Path
+) -> None:
     ds = local_lake.create_dataset("traced")
     entities = sample_entities()
     for e in entities[:3]:
@@ -658,7 +669,7 @@ def test_trace_names_origin_file_and_versions(spark, local_lake: Lakehouse, tmp_
     assert len([p for p in local_lake.store.list("versions/") if p.endswith("index.json")]) >= 2
 
 
-def test_trace_names_the_tenant_and_write(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_trace_names_the_tenant_and_write(spark: SparkSession, local_lake: Lakehouse) -> None:
     """Provenance recorded at write time: every journal row carries its tenant and
     write id, and the translog keeps the first and the last write of each statement."""
     from lakehouse_assets.journal import write_time
@@ -699,7 +710,9 @@ def test_trace_names_the_tenant_and_write(spark, local_lake: Lakehouse) -> None:
     assert all(s["last_written_by"]["tenant"] == "bob" for s in gone)
 
 
-def test_a_version_records_the_graph_index_current(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_a_version_records_the_graph_index_current(
+    spark: SparkSession, local_lake: Lakehouse
+) -> None:
     """With a graph index, make updates it before publishing, and the manifest names
     its table versions, what it reflects, its edge count and its state file's hash."""
     from lakehouse_assets import graph
@@ -789,8 +802,8 @@ def old_journal(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
         admin.dispose()
 
 
-def test_an_old_journal_gains_provenance_and_keeps_its_rows(  # type: ignore[no-untyped-def]
-    spark, old_journal: str, tmp_path: Path
+def test_an_old_journal_gains_provenance_and_keeps_its_rows(
+    spark: SparkSession, old_journal: str, tmp_path: Path
 ) -> None:
     """Opening a journal made before provenance adds its columns (SQLite and
     PostgreSQL); its unflushed rows flush with unknown writers, new writes with theirs."""
@@ -807,7 +820,7 @@ def test_an_old_journal_gains_provenance_and_keeps_its_rows(  # type: ignore[no-
     assert lake.journal.count("migrated") == 0
 
 
-def test_cli_versions_verify_as_of(spark, local_lake: Lakehouse) -> None:  # type: ignore[no-untyped-def]
+def test_cli_versions_verify_as_of(spark: SparkSession, local_lake: Lakehouse) -> None:
     from click.testing import CliRunner
 
     from lakehouse_assets.cli import cli

@@ -1,0 +1,7 @@
+"""Helpers that several test modules share, so that no test module imports another.
+
+By concern: ``data`` (input entities, normalised entity dicts, a Delta table's rows),
+``defs`` (the Dagster layer: asset keys, resources of a lake) and ``graph`` (reading a
+Cypher script back as a graph; followthemoney's own GraphML and Neo4j exports to
+compare with). Fixtures stay in ``conftest.py``.
+"""
