@@ -316,7 +316,7 @@ def test_graph_exports_match_followthemoney(spark, lake: Lakehouse, tmp_path: Pa
     from followthemoney import model
     from followthemoney.export.neo4j import CypherGraphExporter
 
-    from lakehouse_assets import graph_exports
+    from lakehouse_assets.graph import exports as graph_exports
     from lakehouse_assets_tests.test_graph_exports import (
         _csv_files,
         _elements,
