@@ -159,7 +159,7 @@ def cypher_times(ds: Any) -> None:
     import os
 
     from lakehouse_assets import conventions as cv
-    from lakehouse_assets.graph_exports import GraphSQL, export_graph, write_cypher
+    from lakehouse_assets.graph.exports import GraphSQL, export_graph, write_cypher
 
     ds.export(["entities"])
     source = Path(ds.store.full_uri(cv.dataset_path(ds.name, cv.ENTITIES_JSON)))

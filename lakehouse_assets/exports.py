@@ -533,7 +533,7 @@ def make(ds: Dataset, force: bool = False) -> ExportResult:
     return result
 
 
-#: Graph exports (see :mod:`lakehouse_assets.graph_exports`): listed in index.json
+#: Graph exports (see :mod:`lakehouse_assets.graph.exports`): listed in index.json
 #: when they exist, stamped by the tag of their export.
 GRAPH_RESOURCES: dict[str, tuple[str, str, str]] = {
     "graph_cypher": (cv.GRAPH_CYPHER, cv.EXPORTS_GRAPH, "application/x-cypher-query"),

@@ -244,7 +244,7 @@ def test_graph_exports_match_followthemoney(
     from followthemoney import model
     from followthemoney.export.neo4j import CypherGraphExporter
 
-    from lakehouse_assets import graph_exports
+    from lakehouse_assets.graph import exports as graph_exports
     from lakehouse_assets_tests.helpers.graph import (
         _csv_files,
         _elements,

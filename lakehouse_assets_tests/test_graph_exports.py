@@ -28,7 +28,7 @@ from followthemoney.types import registry
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lakehouse_assets.graph_exports import GraphSQL, write_batched_cypher
+from lakehouse_assets.graph.exports import GraphSQL, write_batched_cypher
 from lakehouse_assets_tests.conftest import PROFILE
 from lakehouse_assets_tests.helpers.graph import (
     _csv_files,

@@ -147,7 +147,7 @@ def graph_export(obj: Context, force: bool, ftm_cypher: TextIO | None) -> None:
       lakehouse -d my_dataset graph export
       lakehouse -d my_dataset graph export --ftm-cypher graph-ftm.cypher
     """
-    from lakehouse_assets import graph_exports
+    from lakehouse_assets.graph import exports as graph_exports
 
     ds = obj.dataset()
     if ftm_cypher is not None:

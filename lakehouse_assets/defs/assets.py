@@ -327,7 +327,7 @@ def graph_cypher(
 
 
 def _graph_cypher(ds: Dataset) -> Report:
-    from lakehouse_assets import graph_exports
+    from lakehouse_assets.graph import exports as graph_exports
 
     clock = time.monotonic()
     written = graph_exports.export_graph(ds)

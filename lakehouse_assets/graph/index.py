@@ -1,0 +1,319 @@
+"""Building the graph index: a full rebuild from the live statements of the
+current snapshot, and the incremental update from what the flushes since the
+state the index reflects appended and tombstoned (see the package docstring for
+generations and tombstones).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakehouse_assets import faults
+from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.graph.state import GraphState
+from lakehouse_assets.graph.tables import (
+    BY_SOURCE,
+    BY_TARGET,
+    EDGE_SCHEMA,
+    TOMBSTONE_SCHEMA,
+    TOMBSTONES,
+    _edges_of,
+    _write,
+    table_location,
+)
+from lakehouse_assets.tables import (
+    STATEMENTS_PARTITION,
+    STATEMENTS_SCHEMA,
+    TRANSLOG_SCHEMA,
+    DataFile,
+    DatasetSnapshot,
+    arrow_dataset,
+)
+
+if TYPE_CHECKING:
+    from lakehouse_assets.lake import Dataset
+
+
+@dataclass(slots=True)
+class GraphResult:
+    """What a rebuild or update did."""
+
+    mode: str
+    added: int = 0
+    tombstoned: int = 0
+    edges: int = 0
+    dangling: int | None = None
+    reflects: tuple[int | None, int | None] = (None, None)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "added": self.added,
+            "tombstoned": self.tombstoned,
+            "edges": self.edges,
+            "dangling": self.dangling,
+            "reflects": {"statements": self.reflects[0], "translog": self.reflects[1]},
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def rebuild(ds: Dataset) -> GraphResult:
+    """Build both directions from the live statements of the current snapshot."""
+    with ds.table_lock("graph"):
+        return _rebuild(ds)
+
+
+def _rebuild(ds: Dataset) -> GraphResult:
+    clock = time.monotonic()
+    # the caller holds the dataset's table lock
+    snapshot = ds.snapshot()
+    state = GraphState.load(ds) or GraphState()
+    state.rebuilding = True
+    state.save(ds)
+    generation = 0
+    by_source, by_target, dangling = _live_edges(ds, snapshot)
+    reflects = snapshot.translog.version
+    _write(ds, BY_SOURCE, by_source, "overwrite", reflects, presorted=True)
+    faults.point("graph.after_source")
+    del by_source
+    _write(ds, BY_TARGET, by_target, "overwrite", reflects, presorted=True)
+    _write(ds, TOMBSTONES, TOMBSTONE_SCHEMA.empty_table(), "overwrite", reflects)
+    faults.point("graph.after_target")
+    state = GraphState(
+        translog_version=snapshot.translog.version,
+        statements_version=snapshot.statements.version,
+        generations=[generation],
+        edges=by_target.num_rows,
+        by_prop=_count_by_prop(by_target),
+        dangling=dangling,
+    )
+    state.record_files(ds)
+    state.save(ds)
+    return GraphResult(
+        "rebuild",
+        added=by_target.num_rows,
+        edges=state.edges,
+        dangling=dangling,
+        reflects=snapshot.versions,
+        seconds=time.monotonic() - clock,
+    )
+
+
+def _live_edges(ds: Dataset, snapshot: DatasetSnapshot) -> tuple[pa.Table, pa.Table, int]:
+    """The snapshot's live entity-typed statements as edges (generation 0),
+    sorted by (prop, source) and by (prop, target), and how many of them point
+    at no live entity of the dataset.
+
+    One DuckDB pass over the snapshot's files as pyarrow datasets: only the
+    columns an edge needs are decoded, and only the translog rows that carry a
+    deletion time (Parquet statistics skip the rest); live means "no deletion
+    time in the translog", as :func:`query.live_statements` has it. Nothing is
+    read a row at a time in Python.
+    """
+    import duckdb
+
+    options = ds.statements_table.storage_options
+    main = arrow_dataset(
+        snapshot.statements.files, STATEMENTS_SCHEMA, options, partition=STATEMENTS_PARTITION
+    )
+    log = arrow_dataset(snapshot.translog.files, TRANSLOG_SCHEMA, options)
+    con = duckdb.connect(config={"threads": 2})
+    try:
+        con.register("main", main)
+        con.register("log", log)
+        con.execute(
+            "CREATE TEMP TABLE dead AS SELECT DISTINCT origin, id FROM log "
+            "WHERE deleted_at IS NOT NULL"
+        )
+        live = "NOT EXISTS (SELECT 1 FROM dead d WHERE d.origin = m.origin AND d.id = m.id)"
+        if not con.execute("SELECT count(*) FROM dead").fetchone()[0]:  # type: ignore[index]
+            live = "true"
+        con.execute(
+            "CREATE TEMP TABLE edges AS SELECT prop, canonical_id AS source, value AS target, "
+            "id AS edge_id, origin, schema AS source_schema, 0::BIGINT AS generation "
+            f"FROM main m WHERE prop_type = 'entity' AND {live}"
+        )
+        found = con.execute(
+            "SELECT count(*) FROM edges WHERE target NOT IN "
+            f"(SELECT canonical_id FROM main m WHERE {live})"
+        ).fetchone()
+        dangling = int(found[0]) if found else 0
+        names = ", ".join(EDGE_SCHEMA.names)
+        by_source = con.execute(f"SELECT {names} FROM edges ORDER BY prop, source").to_arrow_table()
+        by_target = con.execute(f"SELECT {names} FROM edges ORDER BY prop, target").to_arrow_table()
+    finally:
+        con.close()
+    return by_source.cast(EDGE_SCHEMA), by_target.cast(EDGE_SCHEMA), dangling
+
+
+def _live_keys(rows: pa.Table) -> pa.Table:
+    live = rows.filter(pc.equal(rows.column("deleted_at"), ""))
+    return live.select(["origin", "id", "bucket"])
+
+
+def update(ds: Dataset) -> GraphResult:
+    """Bring the index up to the current snapshot: append new edges, tombstone
+    removed ones (a rebuild if there is no index, or a rebuild was cut off)."""
+    from lakehouse_assets.versions import changed_translog_rows
+
+    clock = time.monotonic()
+    with ds.table_lock("graph"):
+        state = GraphState.load(ds)
+        if state is None or state.rebuilding or state.translog_version is None:
+            return _rebuild(ds)
+        try:
+            old = DatasetSnapshot.load(
+                ds.statements_table, ds.translog_table, state.translog_version
+            )
+        except Exception:  # the version the index reflects was cleaned up
+            return _rebuild(ds)
+        new = ds.snapshot()
+        result = GraphResult("update", reflects=new.versions)
+        if new.content_key != old.content_key:
+            generation = max(state.generations, default=0) + 1
+            # a killed update may have written rows of ``generation``: skip past them
+            generation = max(generation, _max_generation(ds) + 1)
+            appended = _appended_changes(ds, old, new)
+            if appended is not None:  # the flushes' own footprint: new files, tombstones
+                fresh, revived, removed = appended
+                edges = pa.concat_tables(
+                    [
+                        _edges_of(fresh, generation),
+                        _edges_of(_statement_rows(ds, new, revived), generation),
+                    ]
+                )
+            else:  # anything else (compact, optimize): compare the translogs
+                new_rows, old_rows = changed_translog_rows(ds, old, new)
+                after, before = _live_keys(new_rows), _live_keys(old_rows)
+                added = after.join(before, keys=["origin", "id"], join_type="left anti")
+                removed = before.join(after, keys=["origin", "id"], join_type="left anti")
+                edges = _edges_of(_statement_rows(ds, new, added), generation)
+            try:  # which of the removed statements were edges (for the counts)
+                gone = _edges_of(_statement_rows(ds, old, removed), generation)
+            except (OSError, LakehouseError):  # the old files were vacuumed
+                return _rebuild(ds)
+            if edges.num_rows:
+                _write(ds, BY_SOURCE, edges, "append", new.translog.version)
+                faults.point("graph.after_source")
+                _write(ds, BY_TARGET, edges, "append", new.translog.version)
+            if gone.num_rows:
+                tombs = pa.table(
+                    {
+                        "origin": gone.column("origin"),
+                        "edge_id": gone.column("edge_id"),
+                        "generation": pa.array([generation] * gone.num_rows, pa.int64()),
+                    },
+                    schema=TOMBSTONE_SCHEMA,
+                )
+                _write(ds, TOMBSTONES, tombs, "append", new.translog.version)
+            faults.point("graph.after_target")
+            state.generations.append(generation)
+            for prop, n in _count_by_prop(edges).items():
+                state.by_prop[prop] = state.by_prop.get(prop, 0) + n
+            for prop, n in _count_by_prop(gone).items():
+                state.by_prop[prop] = state.by_prop.get(prop, 0) - n
+            state.by_prop = {k: v for k, v in state.by_prop.items() if v > 0}
+            state.edges += edges.num_rows - gone.num_rows
+            state.tombstones += gone.num_rows
+            state.dangling = None  # known after a rebuild
+            result.added, result.tombstoned = edges.num_rows, gone.num_rows
+        state.translog_version = new.translog.version
+        state.statements_version = new.statements.version
+        state.record_files(ds)
+        state.save(ds)
+        result.edges = state.edges
+        result.seconds = time.monotonic() - clock
+        return result
+
+
+_KEYS: Final = ["origin", "id", "bucket"]
+
+
+def _appended_changes(
+    ds: Dataset, old: DatasetSnapshot, new: DatasetSnapshot
+) -> tuple[pa.Table, pa.Table, pa.Table] | None:
+    """What flushes changed since ``old``, read from their footprint alone:
+    ``(new statements, revived keys, removed keys)``, or ``None`` when the
+    statements table was rewritten since (compact, optimize, vacuum) and only a
+    full translog comparison can tell.
+
+    A flush appends files of statements that are new (never stored), and
+    rewrites translog files with the deletion time of what it tombstoned. So
+    the statements that became live are those of the appended files (minus
+    any a later flush tombstoned) plus stored ones whose tombstone was lifted,
+    and those that stopped being live are those tombstoned now and not before;
+    tombstones are read from the translog files that changed, and only their
+    rows that carry a deletion time (Parquet statistics skip the rest).
+    """
+    old_files = {f.path for f in old.statements.files}
+    new_files = {f.path: f for f in new.statements.files}
+    if not old_files <= new_files.keys():
+        return None
+    options = ds.statements_table.storage_options
+    appended = [f for p, f in new_files.items() if p not in old_files]
+    fresh = (
+        arrow_dataset(appended, STATEMENTS_SCHEMA, options, partition=STATEMENTS_PARTITION)
+        .to_table(filter=pc.field("prop_type") == "entity")
+        .cast(STATEMENTS_SCHEMA)
+        if appended
+        else STATEMENTS_SCHEMA.empty_table()
+    )
+    old_log = {f.path: f for f in old.translog.files}
+    new_log = {f.path: f for f in new.translog.files}
+
+    def tombstoned(files: list[DataFile]) -> pa.Table:
+        if not files:
+            return pa.table({k: pa.array([], TRANSLOG_SCHEMA.field(k).type) for k in _KEYS})
+        return arrow_dataset(files, TRANSLOG_SCHEMA, options).to_table(
+            columns=_KEYS, filter=pc.field("deleted_at").is_valid()
+        )
+
+    dead_now = tombstoned([f for p, f in new_log.items() if p not in old_log])
+    dead_before = tombstoned([f for p, f in old_log.items() if p not in new_log])
+    keys = ["origin", "id"]
+    fresh = fresh.join(dead_now.select(keys), keys=keys, join_type="left anti")
+    removed = dead_now.join(dead_before.select(keys), keys=keys, join_type="left anti")
+    # a lifted tombstone: dead in a rewritten file before, not dead in its rewrite
+    # (a row compacted away has no statement to read, so it adds nothing)
+    revived = dead_before.join(dead_now.select(keys), keys=keys, join_type="left anti")
+    return fresh.select(STATEMENTS_SCHEMA.names), revived, removed
+
+
+def _count_by_prop(edges: pa.Table) -> dict[str, int]:
+    if edges.num_rows == 0:
+        return {}
+    counts = edges.group_by("prop").aggregate([("edge_id", "count")])
+    return dict(
+        zip(
+            counts.column("prop").to_pylist(),
+            counts.column("edge_id_count").to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def _max_generation(ds: Dataset) -> int:
+    """The highest generation any table holds (rows of killed updates included)."""
+    best = 0
+    for table in (BY_SOURCE, TOMBSTONES):
+        dt = table_location(ds, table).table()
+        if dt is None:
+            continue
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        if "max.generation" in actions.column_names and actions.num_rows:
+            best = max(best, int(pc.max(actions.column("max.generation")).as_py() or 0))
+    return best
+
+
+def _statement_rows(ds: Dataset, snapshot: DatasetSnapshot, keys: pa.Table) -> pa.Table:
+    """The statement rows of (origin, id) keys, read from the buckets they are in."""
+    from lakehouse_assets.query import rows_by_id
+
+    rows = rows_by_id(ds, snapshot, keys)
+    return rows.join(keys.select(["origin", "id"]), keys=["origin", "id"], join_type="inner")
