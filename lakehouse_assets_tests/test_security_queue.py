@@ -203,7 +203,8 @@ def test_cli_get_and_trace_of_a_non_utf8_argument(local_lake: Lakehouse) -> None
             timeout=120,
         )
         err = res.stderr.decode()
-        assert res.returncode == 1, err
+        # a bad command-line value: click's usage exit (2), refused before the command runs
+        assert res.returncode == 2, err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1
         assert "not valid UTF-8" in err
 
