@@ -62,8 +62,9 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import OperationalError
 
+from lakehouse_assets import queue_ledger
 from lakehouse_assets.journal_urls import checked_journal_url
 
 if TYPE_CHECKING:
@@ -108,19 +109,6 @@ journal_table = Table(
     Index("ix_lakehouse_journal_dataset_bucket", "dataset", "bucket"),
     # SQLite: row ids are never re-used (the claim of a flush relies on it)
     sqlite_autoincrement=True,
-)
-
-#: Queue items whose effect on the journal is committed (see
-#: :mod:`lakehouse_assets.queue`). The row is inserted in the same transaction
-#: as the item's statements, so "applied" and "written" can never disagree, and
-#: unlike the statements it survives a flush. The consumer removes the row once
-#: the item's ``_done`` record is in the lake.
-queue_applied_table = Table(
-    "lakehouse_queue_applied",
-    metadata,
-    Column("dataset", String(128), primary_key=True),
-    Column("item_id", String(36), primary_key=True),
-    Column("applied_at", String(32), nullable=False),
 )
 
 #: Columns the journal keeps for itself, not part of a written row.
@@ -474,6 +462,7 @@ class Journal:
         for attempt in range(5):
             try:
                 metadata.create_all(self.engine, checkfirst=True)
+                queue_ledger.metadata.create_all(self.engine, checkfirst=True)
                 self._migrate()
                 return
             except OperationalError as exc:
@@ -588,50 +577,6 @@ class Journal:
             self.insert_rows(conn, batch, write)
             count += len(batch)
         return count
-
-    # --- queue items applied exactly once ---------------------------------
-
-    def apply_once(self, dataset: str, item_id: str, rows: Sequence[Row], write: Write) -> bool:
-        """Write the rows of queue item ``item_id`` unless it was applied before.
-
-        The item's mark and its rows commit in one transaction: True if this
-        call wrote them, False if the item's mark was already there (nothing
-        written).
-        """
-        marker = queue_applied_table.insert().values(
-            dataset=dataset, item_id=item_id, applied_at=datetime.now(UTC).isoformat()
-        )
-        try:
-            with self.transaction() as conn:
-                conn.execute(marker)
-                self.insert_rows(conn, rows, write)
-        except IntegrityError:
-            if self.is_applied(dataset, item_id):
-                return False
-            raise
-        return True
-
-    def is_applied(self, dataset: str, item_id: str) -> bool:
-        t = queue_applied_table
-        q = select(t.c.item_id).where(t.c.dataset == dataset, t.c.item_id == item_id)
-        with self.engine.connect() as conn:
-            return conn.execute(q).first() is not None
-
-    def applied_items(self, dataset: str) -> list[str]:
-        """Ids of the dataset's queue items marked applied (those not yet recorded done)."""
-        t = queue_applied_table
-        q = select(t.c.item_id).where(t.c.dataset == dataset).order_by(t.c.item_id)
-        with self.engine.connect() as conn:
-            return [str(r[0]) for r in conn.execute(q)]
-
-    def forget_applied(self, dataset: str, item_ids: Sequence[str]) -> int:
-        """Drop the marks of items whose ``_done`` record is written."""
-        if not item_ids:
-            return 0
-        t = queue_applied_table
-        q = delete(t).where(t.c.dataset == dataset, t.c.item_id.in_(list(item_ids)))
-        with self.engine.begin() as conn:
-            return int(conn.execute(q).rowcount or 0)
 
     # --- reading --------------------------------------------------------
 

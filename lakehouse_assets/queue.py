@@ -127,6 +127,7 @@ from lakehouse_assets.errors import (
     SourceNotFoundError,
 )
 from lakehouse_assets.journal import Row, Write, iso, statement_row
+from lakehouse_assets.queue_ledger import applied_items, apply_once, forget_applied, is_applied
 from lakehouse_assets.sources import local_path
 from lakehouse_assets.storage import LocalStore
 
@@ -765,8 +766,8 @@ class Queue:
     def _forget_finished(self, pending: set[str]) -> None:
         """Drop the journal marks of items no longer pending (left by a crash after _done)."""
         journal = self.dataset.journal
-        stale = [i for i in journal.applied_items(self.name) if i not in pending]
-        journal.forget_applied(self.name, stale)
+        stale = [i for i in applied_items(journal, self.name) if i not in pending]
+        forget_applied(journal, self.name, stale)
 
     def _process(self, slot: _Slot, result: ConsumeResult) -> None:
         if slot.id is not None and self.store.exists(
@@ -774,7 +775,7 @@ class Queue:
         ):
             # recorded done before a crash: only the pending file was left
             self.store.delete(slot.path)
-            self.dataset.journal.forget_applied(self.name, [slot.id])
+            forget_applied(self.dataset.journal, self.name, [slot.id])
             result.recovered += 1
             result.items.append({"id": slot.id, "tenant": slot.tenant, "outcome": "recovered"})
             return
@@ -817,7 +818,7 @@ class Queue:
         )
         faults.point("queue.after_mark")
         self.store.delete(slot.path)
-        self.dataset.journal.forget_applied(self.name, [item.id])
+        forget_applied(self.dataset.journal, self.name, [item.id])
         if effect.get("already_applied"):
             result.recovered += 1
             outcome = "recovered"
@@ -867,7 +868,7 @@ class Queue:
         ds, journal = self.dataset, self.dataset.journal
         write = Write(item.tenant, write_id(item.id))
         writes_journal = item.resource == "entity" or bool(item.payload.get("document"))
-        if journal.is_applied(self.name, item.id):
+        if is_applied(journal, self.name, item.id):
             if writes_journal:
                 ds.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
             return {"already_applied": True}
@@ -937,7 +938,7 @@ class Queue:
                 effect = {"file_id": gone.file_id, "checksum": gone.checksum, "deleted": True}
             except SourceNotFoundError:  # already gone: what the tenant asked for
                 effect = {"file_id": payload.file_id, "deleted": False}
-        written = journal.apply_once(self.name, item.id, rows, write)
+        written = apply_once(journal, self.name, item.id, rows, write)
         if rows or writes_journal:
             ds.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
         if not written:
