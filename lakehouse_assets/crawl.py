@@ -144,7 +144,7 @@ def crawl(
     followed, a link is read only if its target lies under the allowed
     source roots (:meth:`SourceAccess.for_caller`); the folder itself must.
     """
-    from lakehouse_assets.lake import DOCUMENT_MARK, document_entity
+    from lakehouse_assets.archive import DOCUMENT_MARK, document_entity
 
     clock = time.monotonic()
     access = SourceAccess.for_caller(ds.settings, ds.store, dataset=ds.name)

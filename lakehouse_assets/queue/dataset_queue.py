@@ -584,7 +584,7 @@ class Queue:
             ]
             effect = {"entity_id": payload.entity_id, "tombstones": len(rows)}
         elif isinstance(payload, FileUpsert):
-            from lakehouse_assets.lake import DOCUMENT_MARK, document_entity
+            from lakehouse_assets.archive import DOCUMENT_MARK, document_entity
 
             extra = dict(payload.extra)
             if payload.document:
