@@ -25,6 +25,7 @@ from pydantic_core import PydanticSerializationError
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults
 from lakehouse_assets.access import SourceAccess, read_regular
+from lakehouse_assets.archive import DOCUMENT_MARK, document_entity
 from lakehouse_assets.catalog import describe_errors
 from lakehouse_assets.entities import entity_statements, validate_entity
 from lakehouse_assets.errors import (
@@ -584,8 +585,6 @@ class Queue:
             ]
             effect = {"entity_id": payload.entity_id, "tombstones": len(rows)}
         elif isinstance(payload, FileUpsert):
-            from lakehouse_assets.archive import DOCUMENT_MARK, document_entity
-
             extra = dict(payload.extra)
             if payload.document:
                 extra[DOCUMENT_MARK] = True
