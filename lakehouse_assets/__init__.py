@@ -14,14 +14,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from lakehouse_assets.bulk import BulkWriter
     from lakehouse_assets.errors import LakehouseError
-    from lakehouse_assets.lake import BulkWriter, Dataset, Lakehouse
+    from lakehouse_assets.lake import Dataset, Lakehouse
     from lakehouse_assets.settings import Settings
 
 __all__ = ["BulkWriter", "Dataset", "Lakehouse", "LakehouseError", "Settings"]
 
 _HOMES = {
-    "BulkWriter": "lakehouse_assets.lake",
+    "BulkWriter": "lakehouse_assets.bulk",
     "Dataset": "lakehouse_assets.lake",
     "Lakehouse": "lakehouse_assets.lake",
     "LakehouseError": "lakehouse_assets.errors",

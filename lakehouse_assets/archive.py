@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
@@ -35,6 +35,10 @@ from lakehouse_assets.errors import (
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.sources import CHUNK, open_source, source_name
 from lakehouse_assets.storage import LocalStore, Store
+
+if TYPE_CHECKING:
+    # followthemoney is imported where the Document entity is made
+    from followthemoney.proxy import EntityProxy
 
 
 class FileMeta(BaseModel):
@@ -275,3 +279,22 @@ class Archive:
             for n in names
             if "/" not in n and n.endswith(cv.TEXT_SUFFIX)
         )
+
+
+#: ``FileMeta.extra`` key set on files whose Document entity the writer made.
+DOCUMENT_MARK = "document_entity"
+
+
+def document_entity(meta: FileMeta) -> EntityProxy:
+    """The FtM Document entity of an archived file (id: its checksum)."""
+    from followthemoney import model
+
+    proxy = model.make_entity("Document")
+    proxy.id = meta.checksum
+    proxy.add("contentHash", meta.checksum)
+    proxy.add("fileName", meta.name)
+    proxy.add("mimeType", meta.mimetype)
+    proxy.add("fileSize", meta.size)
+    if "://" in meta.key:
+        proxy.add("sourceUrl", meta.key, quiet=True)
+    return proxy

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.access import SourceAccess, local_path
-from lakehouse_assets.archive import FileMeta, make_file_id
+from lakehouse_assets.archive import DOCUMENT_MARK, FileMeta, document_entity, make_file_id
 from lakehouse_assets.errors import InvalidInputError, SourceNotFoundError
 from lakehouse_assets.storage import LocalStore, S3Store, Store
 
@@ -144,8 +144,6 @@ def crawl(
     followed, a link is read only if its target lies under the allowed
     source roots (:meth:`SourceAccess.for_caller`); the folder itself must.
     """
-    from lakehouse_assets.lake import DOCUMENT_MARK, document_entity
-
     clock = time.monotonic()
     access = SourceAccess.for_caller(ds.settings, ds.store, dataset=ds.name)
     store = source_store(source_uri, ds, access)

@@ -28,17 +28,13 @@ read a bounded slice of entities at a time.
 
 from __future__ import annotations
 
-import atexit
 import io
-import os
 import time
-import weakref
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -62,8 +58,10 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import OperationalError
 
+from lakehouse_assets import queue_ledger
+from lakehouse_assets.journal_sqlite import _sqlite_engines, _sqlite_pragmas
 from lakehouse_assets.journal_urls import checked_journal_url
 
 if TYPE_CHECKING:
@@ -108,19 +106,6 @@ journal_table = Table(
     Index("ix_lakehouse_journal_dataset_bucket", "dataset", "bucket"),
     # SQLite: row ids are never re-used (the claim of a flush relies on it)
     sqlite_autoincrement=True,
-)
-
-#: Queue items whose effect on the journal is committed (see
-#: :mod:`lakehouse_assets.queue`). The row is inserted in the same transaction
-#: as the item's statements, so "applied" and "written" can never disagree, and
-#: unlike the statements it survives a flush. The consumer removes the row once
-#: the item's ``_done`` record is in the lake.
-queue_applied_table = Table(
-    "lakehouse_queue_applied",
-    metadata,
-    Column("dataset", String(128), primary_key=True),
-    Column("item_id", String(36), primary_key=True),
-    Column("applied_at", String(32), nullable=False),
 )
 
 #: Columns the journal keeps for itself, not part of a written row.
@@ -255,76 +240,6 @@ def bucket_of(canonical_id: str) -> int:
     return zlib.crc32(canonical_id.encode("utf-8")) % BUCKETS
 
 
-def duckdb_connection() -> Any:
-    """A one-thread DuckDB connection with the SQLite scanner loaded from its PyPI
-    wheel (nothing is downloaded at run time)."""
-    import duckdb
-    import duckdb_extension_sqlite_scanner as scanner
-
-    extension = (
-        Path(scanner.__file__).parent
-        / "extensions"
-        / f"v{duckdb.__version__}"
-        / "sqlite_scanner.duckdb_extension"
-    )
-    con = duckdb.connect(config={"threads": 1})
-    con.execute(f"LOAD '{extension}'")
-    return con
-
-
-def read_sqlite_natively(path: str, claim: Claim, low: int, high: int) -> pa.Table:
-    """Claimed rows of buckets ``low..high`` of a SQLite journal, read by DuckDB's
-    SQLite reader straight into Arrow (several times faster than Python rows).
-
-    The query runs inside SQLite (``sqlite_query``), so the journal's (dataset,
-    bucket) index picks the rows: DuckDB's scan of an attached SQLite table
-    pushes no filter down, and every flush task read the whole journal (at 10M
-    journal rows, each of a flush's 50 tasks). ``sqlite_query`` returns text
-    columns; the outer query gives them their types back.
-
-    DuckDB brings its own SQLite library. POSIX file locks belong to a process,
-    and closing one library's handle on a file drops the other library's locks
-    on it (WAL's shared-memory locks included): call this only in a process
-    that holds no other SQLite connection to the journal — Spark's Python
-    workers, where the journal data source is the only one that opens it.
-    """
-    sql_types = {pa.int64(): "BIGINT", pa.int32(): "INTEGER", pa.bool_(): "BOOLEAN"}
-    columns = ", ".join(
-        f'CAST("{f.name}" AS {sql_types[f.type]}) AS "{f.name}"'
-        if f.type in sql_types
-        else f'"{f.name}"'
-        for f in EVENTS_SCHEMA
-    )
-
-    def text(value: str) -> str:  # SQLite's string literal
-        return "'" + value.replace("'", "''") + "'"
-
-    if claim.bound is not None:
-        where = f"dataset = {text(claim.dataset)} AND seq <= {int(claim.bound)}"
-    else:
-        where = f"dataset = {text(claim.dataset)} AND flush_id = {text(str(claim.flush_id))}"
-    inner = (
-        f"SELECT {', '.join(EVENTS_SCHEMA.names)} FROM {journal_table.name} "
-        f"WHERE {where} AND bucket BETWEEN {int(low)} AND {int(high)}"
-    )
-    with duckdb_connection() as con:
-        quoted = path.replace("'", "''")  # ATTACH takes no parameters
-        con.execute(f"ATTACH '{quoted}' AS journal (TYPE sqlite, READ_ONLY)")
-        table = con.execute(
-            f"SELECT {columns} FROM sqlite_query('journal', $1)", [inner]
-        ).to_arrow_table()
-    return table.cast(EVENTS_SCHEMA)
-
-
-def sqlite_path(url: str) -> str | None:
-    """The file of a ``sqlite:///...`` journal URL (None for other databases)."""
-    if not url.startswith("sqlite"):
-        return None
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).database or None
-
-
 def _record_batch(rows: Sequence[Sequence[Any]]) -> pa.RecordBatch:
     """Rows (:data:`EVENTS_SCHEMA` order) from a DB-API cursor as one Arrow batch."""
     columns = list(zip(*rows, strict=True))
@@ -393,53 +308,6 @@ def statement_from_mapping(data: Mapping[str, Any]) -> Statement:
     )
 
 
-#: What a SQLite journal's write-ahead log is cut back to after a checkpoint
-#: (the WAL file otherwise keeps the size of the largest write ever made).
-WAL_SIZE_LIMIT = 64 * 1024 * 1024
-
-
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    # FULL: a committed bulk survives power loss, not only a process crash.
-    # One commit per bulk makes the extra fsync negligible.
-    cur.execute("PRAGMA synchronous=FULL")
-    cur.execute("PRAGMA busy_timeout=300000")
-    cur.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
-    # FAST: freed pages are not overwritten with zeros. Debian builds SQLite
-    # with secure_delete on, so releasing a flushed journal rewrote every page
-    # it freed through the WAL: 1.1-1.35 s and a 312 MB WAL at 1M rows, 0.1 s
-    # and none with FAST. The released rows live on in the lake's tables; a
-    # journal that must not keep their bytes in free pages is VACUUMed.
-    cur.execute("PRAGMA secure_delete=FAST")
-    cur.close()
-
-
-#: The SQLite journal engines this process opened, closed at its exit.
-_sqlite_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
-
-
-def _close_sqlite_journals(pid: int) -> None:
-    """At exit: close this process's SQLite journal connections.
-
-    The last connection to close checkpoints the write-ahead log into the
-    database and deletes it. A process that exits with its connections open
-    (the CLI skips the interpreter's teardown) leaves the WAL behind, and
-    the next process to open the journal first reads all of it to rebuild
-    its index: 0.1 s after a 1M-statement write (a 313 MB WAL), 0.18 s after
-    a few dozen kek-sized writes and flushes (462 MB), paid by every command.
-    Only the process that opened them closes them (a forked child sharing
-    the descriptors would drop its parent's locks).
-    """
-    if os.getpid() != pid:
-        return
-    for engine in list(_sqlite_engines):
-        engine.dispose()
-
-
-atexit.register(_close_sqlite_journals, os.getpid())
-
-
 @dataclass(frozen=True, slots=True)
 class Claim:
     """The rows one flush works on: those stamped with its ``flush_id``
@@ -474,6 +342,7 @@ class Journal:
         for attempt in range(5):
             try:
                 metadata.create_all(self.engine, checkfirst=True)
+                queue_ledger.metadata.create_all(self.engine, checkfirst=True)
                 self._migrate()
                 return
             except OperationalError as exc:
@@ -588,50 +457,6 @@ class Journal:
             self.insert_rows(conn, batch, write)
             count += len(batch)
         return count
-
-    # --- queue items applied exactly once ---------------------------------
-
-    def apply_once(self, dataset: str, item_id: str, rows: Sequence[Row], write: Write) -> bool:
-        """Write the rows of queue item ``item_id`` unless it was applied before.
-
-        The item's mark and its rows commit in one transaction: True if this
-        call wrote them, False if the item's mark was already there (nothing
-        written).
-        """
-        marker = queue_applied_table.insert().values(
-            dataset=dataset, item_id=item_id, applied_at=datetime.now(UTC).isoformat()
-        )
-        try:
-            with self.transaction() as conn:
-                conn.execute(marker)
-                self.insert_rows(conn, rows, write)
-        except IntegrityError:
-            if self.is_applied(dataset, item_id):
-                return False
-            raise
-        return True
-
-    def is_applied(self, dataset: str, item_id: str) -> bool:
-        t = queue_applied_table
-        q = select(t.c.item_id).where(t.c.dataset == dataset, t.c.item_id == item_id)
-        with self.engine.connect() as conn:
-            return conn.execute(q).first() is not None
-
-    def applied_items(self, dataset: str) -> list[str]:
-        """Ids of the dataset's queue items marked applied (those not yet recorded done)."""
-        t = queue_applied_table
-        q = select(t.c.item_id).where(t.c.dataset == dataset).order_by(t.c.item_id)
-        with self.engine.connect() as conn:
-            return [str(r[0]) for r in conn.execute(q)]
-
-    def forget_applied(self, dataset: str, item_ids: Sequence[str]) -> int:
-        """Drop the marks of items whose ``_done`` record is written."""
-        if not item_ids:
-            return 0
-        t = queue_applied_table
-        q = delete(t).where(t.c.dataset == dataset, t.c.item_id.in_(list(item_ids)))
-        with self.engine.begin() as conn:
-            return int(conn.execute(q).rowcount or 0)
 
     # --- reading --------------------------------------------------------
 

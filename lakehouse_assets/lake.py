@@ -20,14 +20,13 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from functools import cached_property
-from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 import yaml
-from sqlalchemy.engine import Connection, RootTransaction
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.archive import Archive, FileMeta
+from lakehouse_assets.archive import DOCUMENT_MARK, Archive, FileMeta, document_entity
+from lakehouse_assets.bulk import BulkWriter
 from lakehouse_assets.catalog import (
     CatalogConfig,
     Source,
@@ -38,7 +37,7 @@ from lakehouse_assets.catalog import (
 from lakehouse_assets.delta import DeltaLocation
 from lakehouse_assets.errors import DatasetNotFoundError, InvalidInputError
 from lakehouse_assets.jobs import JobRecorder, record_job
-from lakehouse_assets.journal import Journal, Row, Write, iso, statement_row
+from lakehouse_assets.journal import Journal, Write, iso, statement_row
 from lakehouse_assets.locks import Lock, dataset_lock, operation_lock
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.sources import local_path
@@ -584,144 +583,4 @@ class Dataset:
         return versions.render_export(self, snapshot, kind, out)
 
 
-class BulkWriter:
-    """Writes many entities/statements to the journal in one transaction.
-
-    Rows are inserted in batches as they come (bounded memory) on a single
-    open transaction, committed once on exit; any exception rolls back the
-    whole bulk, so a bad line 900,000 leaves the journal as it was.
-    """
-
-    def __init__(self, dataset: Dataset, origin: str) -> None:
-        self.dataset = dataset
-        self.origin = cv.origin(origin)
-        self.journal = dataset.journal
-        self.batch_size = dataset.settings.journal_batch_size
-        self.seen = iso(cv.utcnow())
-        #: who writes and this write's id: every row is stamped with them
-        self.write = Write.new(dataset.lake.tenant)
-        self.count = 0
-        self.entities = 0
-        self._rows: list[Row] = []
-        self._conn: Connection | None = None
-        self._tx: RootTransaction | None = None
-
-    def __enter__(self) -> BulkWriter:
-        return self
-
-    def _connection(self) -> Connection:
-        if self._conn is None:
-            self._conn = self.journal.engine.connect()
-            self._tx = self._conn.begin()
-        return self._conn
-
-    def _flush_batch(self) -> None:
-        if not self._rows:
-            return
-        self.journal.insert_rows(self._connection(), self._rows, self.write)
-        self._rows = []
-
-    def add_entity(self, entity: EntityProxy | dict[str, Any]) -> int:
-        from lakehouse_assets.entities import entity_statements, validate_entity
-
-        proxy = validate_entity(entity, dataset=self.dataset.name)
-        name, origin = self.dataset.name, self.origin
-        stmts = entity_statements(proxy, dataset=name, origin=origin, seen=self.seen)
-        self._rows.extend(statement_row(s, name, origin) for s in stmts)
-        self.count += len(stmts)
-        self.entities += 1
-        if len(self._rows) >= self.batch_size:
-            self._flush_batch()
-        return len(stmts)
-
-    def add_rows(self, rows: list[Row], entities: int = 0) -> None:
-        """Add journal rows made by :mod:`ingest` (already validated)."""
-        self._rows.extend(rows)
-        self.count += len(rows)
-        self.entities += entities
-        if len(self._rows) >= self.batch_size:
-            self._flush_batch()
-
-    def add_copy(self, data: bytes, *, count: int, entities: int = 0) -> None:
-        """Add ``count`` rows of this write already encoded as ``COPY`` input by
-        :mod:`ingest` (validated; PostgreSQL), after the rows added before."""
-        self._flush_batch()
-        self.journal.insert_copy(self._connection(), data)
-        self.count += count
-        self.entities += entities
-
-    def add_statement(self, stmt: Statement | dict[str, Any]) -> None:
-        from followthemoney import model
-
-        from lakehouse_assets.entities import check_statement, make_statement
-
-        if isinstance(stmt, dict):
-            stmt = make_statement(stmt, dataset=self.dataset.name, origin=self.origin)
-        elif model.get(stmt.schema) is None:
-            raise InvalidInputError(f"unknown schema {stmt.schema!r}", dataset=self.dataset.name)
-        else:
-            problem = check_statement(stmt)
-            if problem:
-                raise InvalidInputError(
-                    f"statement {stmt.id}: {problem}", dataset=self.dataset.name
-                )
-        if stmt.first_seen is None:
-            stmt = stmt.clone(first_seen=self.seen, last_seen=self.seen)
-        self._rows.append(statement_row(stmt, self.dataset.name, self.origin))
-        self.count += 1
-        if len(self._rows) >= self.batch_size:
-            self._flush_batch()
-
-    def rollback(self) -> None:
-        self._rows = []
-        if self._tx is not None:
-            self._tx.rollback()
-        self._close()
-
-    def _close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
-        self._tx = None
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is not None:
-            self.rollback()
-            return
-        try:
-            self._flush_batch()
-            if self._tx is not None:
-                self._tx.commit()
-        except BaseException:
-            self.rollback()
-            raise
-        self._close()
-        if self.count:
-            self.dataset.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
-
-
-#: ``FileMeta.extra`` key set on files whose Document entity the writer made.
-DOCUMENT_MARK = "document_entity"
-
-
-def document_entity(meta: FileMeta) -> EntityProxy:
-    """The FtM Document entity of an archived file (id: its checksum)."""
-    from followthemoney import model
-
-    proxy = model.make_entity("Document")
-    proxy.id = meta.checksum
-    proxy.add("contentHash", meta.checksum)
-    proxy.add("fileName", meta.name)
-    proxy.add("mimeType", meta.mimetype)
-    proxy.add("fileSize", meta.size)
-    if "://" in meta.key:
-        proxy.add("sourceUrl", meta.key, quiet=True)
-    return proxy
-
-
-__all__ = ["BulkWriter", "Dataset", "Lakehouse", "document_entity"]
+__all__ = ["Dataset", "Lakehouse"]

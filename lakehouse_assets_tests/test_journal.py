@@ -321,7 +321,8 @@ def test_rows_come_back_as_written(
             langs[: len(values)], key=str
         )
     else:  # the flush tasks' reader: the query runs in SQLite, text comes back typed
-        from lakehouse_assets.journal import EVENTS_SCHEMA, read_sqlite_natively, sqlite_path
+        from lakehouse_assets.journal import EVENTS_SCHEMA
+        from lakehouse_assets.journal_duckdb import read_sqlite_natively, sqlite_path
 
         path = sqlite_path(journal.url)
         assert path is not None
@@ -466,11 +467,11 @@ def test_the_write_ahead_log_is_cut_back_after_a_big_write(
     instead of keeping the size of the largest write ever made."""
     import sqlite3
 
-    from lakehouse_assets import journal as journal_module
+    from lakehouse_assets import journal_sqlite
     from lakehouse_assets.journal import Write
 
     limit = 256 * 1024
-    monkeypatch.setattr(journal_module, "WAL_SIZE_LIMIT", limit)
+    monkeypatch.setattr(journal_sqlite, "WAL_SIZE_LIMIT", limit)
     db = tmp_path / "journal.sqlite"
     wal = db.with_name(db.name + "-wal")
     journal = Journal(f"sqlite:///{db}")

@@ -21,6 +21,7 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import InvalidInputError, InvalidNameError, LockedError
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.queue import QUEUE_POINTS, uuid7, uuid7_time, write_id
+from lakehouse_assets.queue_ledger import applied_items
 from lakehouse_assets_tests.conftest import free_port
 
 
@@ -88,7 +89,7 @@ def test_items_of_two_tenants_are_applied_in_uuid7_order(lake: Lakehouse) -> Non
     assert pending_files(ds) == []
     assert [e.state for e in ds.queue.list(state="all")] == ["done"] * 4
     assert ds.queue.consume().applied == 0
-    assert ds.journal.applied_items("queued") == []
+    assert applied_items(ds.journal, "queued") == []
 
 
 def test_each_row_says_which_tenant_and_item_wrote_it(local_lake: Lakehouse) -> None:
@@ -201,7 +202,7 @@ def test_killed_consume_then_rerun_applies_each_item_once(
     )
     assert pending_files(ds) == []
     assert [e.state for e in ds.queue.list(state="all")] == ["done"] * 3
-    assert ds.journal.applied_items(ds.name) == []
+    assert applied_items(ds.journal, ds.name) == []
 
 
 def test_the_applied_mark_survives_a_flush_between_crash_and_rerun(

@@ -24,11 +24,11 @@ from typing import Any
 import dagster as dg
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.archive import FileMeta
+from lakehouse_assets.archive import DOCUMENT_MARK, FileMeta, document_entity
 from lakehouse_assets.defs.metadata import DATA_VERSION_TAG
 from lakehouse_assets.defs.partitions import DATASETS, datasets, partition_datasets
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.lake import DOCUMENT_MARK, Dataset, Lakehouse
+from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.storage import Entry
 
@@ -169,8 +169,6 @@ class DocumentsConfig(dg.Config):
 def write_documents(
     context: dg.OpExecutionContext, config: DocumentsConfig, lakehouse: LakehouseResource
 ) -> dg.Output[int]:
-    from lakehouse_assets.lake import document_entity
-
     ds = lakehouse.dataset(context.partition_key)
     written = 0
     with ds.bulk(origin="archive") as bulk:

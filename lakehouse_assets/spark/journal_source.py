@@ -67,7 +67,8 @@ class JournalReader(DataSourceReader):
         return [_Range(low, high) for low, high in self.ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from lakehouse_assets.journal import Claim, read_sqlite_natively, sqlite_path
+        from lakehouse_assets.journal import Claim
+        from lakehouse_assets.journal_duckdb import read_sqlite_natively, sqlite_path
         from lakehouse_assets.reduce import reduce_events
         from lakehouse_assets.spark.delta_io import stage_table
 

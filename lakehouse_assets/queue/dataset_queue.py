@@ -1,91 +1,9 @@
-"""The queue: UPSERT/DELETE of entities and files, applied in order, exactly once.
+"""The queue of one dataset: push, list and consume its items (:class:`Queue`).
 
-Tenants push actions; the lakehouse applies them later (the ``queue_items``
-sensor, ``lakehouse queue consume``). Layout (see :mod:`conventions`)::
-
-    {dataset}/queue/{tenant}/{uuid7}.json          pending item
-    {dataset}/queue/_done/{tenant}/{uuid7}.json    applied: the item and what it did
-    {dataset}/queue/_failed/{tenant}/{uuid7}.json  set aside: the raw item and the error
-
-An item is ``{"id", "tenant", "action", "resource", "payload", "created_at"}``:
-
-======  ========  =================================================================
-action  resource  payload
-======  ========  =================================================================
-UPSERT  entity    ``{"entity": {FtM entity}, "origin"?}`` (a bare entity dict too)
-DELETE  entity    ``{"entity_id", "origin"?}`` (tombstones its live statements)
-UPSERT  file      ``{"uri", "checksum"?, "file_id"?, "key"?, "name"?, "mimetype"?,
-                  "extra"?, "document"?}`` (what :meth:`Archive.put` takes)
-DELETE  file      ``{"file_id", "checksum"?}`` (what :meth:`Archive.delete` takes)
-======  ========  =================================================================
-
-Ids are UUIDv7 (RFC 9562): their string order is their time order, so the
-consumer applies the pending items of all tenants in one sequence sorted by
-id. Items are written put-if-absent (:meth:`Store.put_if_absent`), so two
-pushers never overwrite each other.
-
-**Exactly once.** Applying an item and recording it as done are two writes to
-two systems (journal or archive; the lake's ``_done/``), and a process can die
-between them. The consumer makes each step safe to redo instead:
-
-1. One consumer per dataset: it holds the operation lock
-   ``locks/lakehouse/queue`` (not the dataset's ``.LOCK``: a long flush must not
-   stop the queue, and the queue never writes the Delta tables) and checks it
-   is still its own before each item.
-2. An item with a ``_done`` record is finished: its pending file is only
-   removed (the crash came after the record).
-3. The journal effect of an item (an entity's statements, its tombstones, a
-   file's Document entity) commits in **one transaction** with a row
-   ``(dataset, item id)`` in the journal table ``lakehouse_queue_applied``
-   (primary key). Redoing the item finds the row and writes nothing, and
-   the row, unlike the statements, survives a flush in between. The rows
-   also carry the tenant of the item and a write id derived from the item id
-   (``trace`` shows which item wrote a statement), and the item's
-   ``created_at`` as their first/last seen, so the rows are the same whoever
-   applies them.
-4. Archive effects are idempotent by construction: a blob is stored by its
-   checksum, its metadata under a file id derived from its key (rewritten
-   with the same content); deleting a file that is already gone is done.
-5. Only then the ``_done`` record is written (put-if-absent), the pending file
-   deleted and the journal row dropped (rows left by a crash are dropped
-   by the next consume once their item is no longer pending).
-
-So a SIGKILL anywhere (fault points :data:`QUEUE_POINTS`) leaves an item that
-the next consume finishes with the same effect, once.
-
-**Bad items.** An item that is not JSON, not an item, names another tenant or
-id than its path, or carries an invalid entity or name is moved to
-``_failed/`` with the error and reported; the queue goes on. An error that may
-pass (``retryable``: an unreachable source, a lost lock) stops the consume
-before that item, which stays pending and first in line.
-
-**Hostile items.** Items come from tenants, so the consumer trusts none of
-their content:
-
-* a file UPSERT reads a local path only under ``LAKEHOUSE_SOURCE_ROOTS``
-  (none by default: refused), resolved with every symlink followed, and never
-  ``/proc``, ``/sys``, ``/dev`` nor the lake's own files and journal
-  (:meth:`SourceAccess.for_queue`); the item is set aside with the reason,
-  never with the file's bytes;
-* an item file that is a symlink (or no regular file) is set aside without
-  its target being read: the record says so and the link is removed;
-* an item's ``created_at`` becomes its statements' first/last seen, so it
-  must match the time in its UUIDv7 id within :data:`MAX_CLOCK_SKEW`, and
-  that time must not lie further ahead of the consumer's clock: a planted
-  item cannot date statements into the future;
-* anything under ``queue/`` that is not a tenant's folder (an invalid name,
-  a symlink, a stray file) is never consumed nor followed, and is reported as
-  ``invalid`` by :meth:`Queue.consume`, :meth:`Queue.list` and
-  :meth:`Queue.invalid`;
-* every id and text an item names is checked as at every other entry point
-  (:func:`conventions.entity_id`, :func:`conventions.text`), when pushed and
-  again when consumed.
-
-Example:
-    >>> item = ds.queue.push("UPSERT", "entity", {"id": "p1", "schema": "Person",
-    ...                                          "properties": {"name": ["Ann"]}})
-    >>> ds.queue.consume().applied
-    1
+Pushing writes an item file put-if-absent; listing reads the pending files
+and the ``_done``/``_failed`` records; consuming applies the pending items in
+id order under the queue's operation lock, each exactly once, and sets bad
+ones aside (the design is in :mod:`lakehouse_assets.queue`).
 """
 
 from __future__ import annotations
@@ -94,29 +12,20 @@ import builtins
 import json
 import logging
 import os
-import secrets
 import socket
-import threading
 import time
-import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, cast, get_args
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults
 from lakehouse_assets.access import SourceAccess, read_regular
+from lakehouse_assets.archive import DOCUMENT_MARK, document_entity
 from lakehouse_assets.catalog import describe_errors
 from lakehouse_assets.entities import entity_statements, validate_entity
 from lakehouse_assets.errors import (
@@ -127,6 +36,17 @@ from lakehouse_assets.errors import (
     SourceNotFoundError,
 )
 from lakehouse_assets.journal import Row, Write, iso, statement_row
+from lakehouse_assets.queue.ids import uuid7, uuid7_time, write_id
+from lakehouse_assets.queue.items import (
+    EntityDelete,
+    EntityUpsert,
+    FileDelete,
+    FileUpsert,
+    QueueItem,
+    State,
+    normalize_payload,
+)
+from lakehouse_assets.queue_ledger import applied_items, apply_once, forget_applied, is_applied
 from lakehouse_assets.sources import local_path
 from lakehouse_assets.storage import LocalStore
 
@@ -134,13 +54,6 @@ if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset
 
 log = logging.getLogger(__name__)
-
-Action = Literal["UPSERT", "DELETE"]
-Resource = Literal["entity", "file"]
-State = Literal["pending", "done", "failed", "invalid"]
-ACTIONS: Final[tuple[str, ...]] = get_args(Action)
-RESOURCES: Final[tuple[str, ...]] = get_args(Resource)
-STATES: Final[tuple[str, ...]] = get_args(State)
 
 #: The operation lock of the consumer (``locks/lakehouse/queue``).
 LOCK_OPERATION: Final = "queue"
@@ -152,231 +65,6 @@ MAX_CLOCK_SKEW: Final = timedelta(minutes=5)
 #: The largest queue item read (an item is one entity or file reference; a
 #: bigger file is set aside unread, and push refuses to write one).
 MAX_ITEM_BYTES: Final = 64 * 1024 * 1024
-#: The longest URI, key, name and media type a file UPSERT may carry.
-TEXT_LIMITS: Final = {"uri": 4096, "key": 4096, "name": 1024, "mimetype": 255}
-
-
-# --- UUIDv7 -------------------------------------------------------------------
-
-_uuid_lock = threading.Lock()
-_last_ms = 0
-_counter = 0
-
-
-def uuid7() -> str:
-    """A UUIDv7 (RFC 9562, method 1): 48-bit Unix milliseconds, a 12-bit counter,
-    62 random bits.
-
-    Monotonic within a process: the counter starts at a random value below
-    2048 each millisecond and counts up within it; when it runs out, or the
-    clock steps back, the next id borrows the following millisecond, so an
-    id is always greater than the one before it.
-    """
-    global _last_ms, _counter
-    with _uuid_lock:
-        now = time.time_ns() // 1_000_000
-        if now > _last_ms:
-            _last_ms, _counter = now, secrets.randbits(11)
-        else:
-            _counter += 1
-            if _counter > 0xFFF:
-                _last_ms, _counter = _last_ms + 1, 0
-        ms, counter = _last_ms, _counter
-    value = (
-        (ms & 0xFFFF_FFFF_FFFF) << 80
-        | 0x7 << 76
-        | counter << 64
-        | 0b10 << 62
-        | secrets.randbits(62)
-    )
-    return str(uuid.UUID(int=value))
-
-
-def uuid7_time(item_id: str) -> datetime:
-    """The time a UUIDv7 was made (millisecond precision, UTC).
-
-    ``InvalidNameError`` for an id whose time lies beyond what a date can say
-    (48 bits of milliseconds reach the year 10889).
-    """
-    ms = int(cv.queue_item_id(item_id).replace("-", "")[:12], 16)
-    try:
-        return datetime.fromtimestamp(ms / 1000, UTC)
-    except (ValueError, OverflowError, OSError):
-        raise InvalidNameError(
-            f"Invalid queue item id {item_id!r}: its time lies beyond the year 9999"
-        ) from None
-
-
-def write_id(item_id: str) -> str:
-    """The journal write id of an item: its time and id, the same on every apply."""
-    stamp = uuid7_time(item_id).strftime("%Y%m%dT%H%M%SZ")
-    return f"{stamp}-{item_id.replace('-', '')[12:]}"
-
-
-# --- items ----------------------------------------------------------------------
-
-
-class _Payload(BaseModel):
-    """An action's payload. The names in it that become paths (origin, checksum,
-    file id) are checked by the conventions here, whichever payload holds them."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    @field_validator("origin", check_fields=False)
-    @classmethod
-    def _origin(cls, value: str | None) -> str | None:
-        return None if value is None else cv.origin(value)
-
-    @field_validator("checksum", check_fields=False)
-    @classmethod
-    def _checksum(cls, value: str | None) -> str | None:
-        return None if value is None else cv.checksum(value.lower())
-
-    @field_validator("file_id", check_fields=False)
-    @classmethod
-    def _file_id(cls, value: str | None) -> str | None:
-        return None if value is None else cv.file_id(value)
-
-    @field_validator("entity_id", check_fields=False)
-    @classmethod
-    def _entity_id(cls, value: str) -> str:
-        return cv.entity_id(value)
-
-    @field_validator("uri", "key", "name", "mimetype", check_fields=False)
-    @classmethod
-    def _text(cls, value: str | None, info: ValidationInfo) -> str | None:
-        name = info.field_name or "text"
-        return None if value is None else cv.text(value, name, TEXT_LIMITS.get(name, 4096))
-
-
-class EntityUpsert(_Payload):
-    """Add or update an entity: its statements go to the journal."""
-
-    entity: dict[str, Any]
-    origin: str = cv.DEFAULT_ORIGIN
-
-    @field_validator("entity")
-    @classmethod
-    def _entity(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if "id" in value:
-            cv.entity_id(value["id"])
-        return value
-
-
-class EntityDelete(_Payload):
-    """Tombstone the live statements of an entity (of one origin, if given)."""
-
-    entity_id: str = Field(min_length=1)
-    origin: str | None = None
-
-
-class FileUpsert(_Payload):
-    """Archive a file from a path or URI (what :meth:`Archive.put` takes)."""
-
-    uri: str = Field(min_length=1)
-    checksum: str | None = None
-    file_id: str | None = None
-    key: str | None = None
-    name: str | None = None
-    mimetype: str | None = None
-    extra: dict[str, Any] = Field(default_factory=dict)
-    #: also write the file's Document entity into the journal
-    document: bool = False
-
-
-class FileDelete(_Payload):
-    """Remove one file's metadata entry (the blob stays, as for :meth:`Archive.delete`)."""
-
-    file_id: str
-    checksum: str | None = None
-
-
-PAYLOADS: Final[dict[tuple[str, str], type[_Payload]]] = {
-    ("UPSERT", "entity"): EntityUpsert,
-    ("DELETE", "entity"): EntityDelete,
-    ("UPSERT", "file"): FileUpsert,
-    ("DELETE", "file"): FileDelete,
-}
-
-
-class QueueItem(BaseModel):
-    """One queued action of a tenant."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str
-    tenant: str
-    action: Action
-    resource: Resource
-    payload: dict[str, Any]
-    created_at: datetime
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, value: str) -> str:
-        return cv.queue_item_id(value)
-
-    @field_validator("tenant")
-    @classmethod
-    def _tenant(cls, value: str) -> str:
-        return cv.tenant_name(value)
-
-    @field_validator("created_at")
-    @classmethod
-    def _utc(cls, value: datetime) -> datetime:
-        # a time without a zone is UTC, as every time the lake writes
-        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-    def parsed(self) -> _Payload:
-        """The payload as its action's model (``ValidationError`` if it does not fit)."""
-        return PAYLOADS[(self.action, self.resource)].model_validate(self.payload)
-
-    def summary(self) -> str:
-        """What the item is about, in a few words: an entity id, a URI, a file id."""
-        p = self.payload
-        entity = p.get("entity")
-        value = (
-            (entity.get("id") if isinstance(entity, dict) else None)
-            or p.get("entity_id")
-            or p.get("uri")
-            or p.get("file_id")
-        )
-        return str(value) if value is not None else ""
-
-
-def normalize_payload(
-    action: str, resource: str, payload: Any
-) -> tuple[Action, Resource, dict[str, Any]]:
-    """Check an action and its payload; the payload in its stored form.
-
-    Accepts a bare FtM entity dict for UPSERT entity (``origin`` may sit beside
-    its keys) and ``id`` for ``entity_id``. Raises ``InvalidInputError``.
-    """
-    act, res = action.upper(), resource.lower()
-    if act not in ACTIONS or res not in RESOURCES:
-        raise InvalidInputError(
-            f"unknown queue action {action!r} {resource!r}: use UPSERT or DELETE, "
-            "and entity or file"
-        )
-    if not isinstance(payload, dict):
-        raise InvalidInputError(
-            f"{act} {res} payload must be a JSON object, got {type(payload).__name__}"
-        )
-    data = dict(payload)
-    if (act, res) == ("UPSERT", "entity") and "entity" not in data and "schema" in data:
-        origin = data.pop("origin", None)
-        data = {"entity": data} | ({"origin": origin} if origin is not None else {})
-    if (act, res) == ("DELETE", "entity") and "entity_id" not in data and "id" in data:
-        data["entity_id"] = data.pop("id")
-    try:
-        model = PAYLOADS[(act, res)].model_validate(data)
-    except ValidationError as exc:
-        raise InvalidInputError(f"{act} {res} payload: {describe_errors(exc)}") from None
-    return (
-        cast(Action, act),
-        cast(Resource, res),
-        model.model_dump(mode="json", exclude_defaults=True),
-    )
 
 
 # --- what the queue reports -------------------------------------------------------
@@ -765,8 +453,8 @@ class Queue:
     def _forget_finished(self, pending: set[str]) -> None:
         """Drop the journal marks of items no longer pending (left by a crash after _done)."""
         journal = self.dataset.journal
-        stale = [i for i in journal.applied_items(self.name) if i not in pending]
-        journal.forget_applied(self.name, stale)
+        stale = [i for i in applied_items(journal, self.name) if i not in pending]
+        forget_applied(journal, self.name, stale)
 
     def _process(self, slot: _Slot, result: ConsumeResult) -> None:
         if slot.id is not None and self.store.exists(
@@ -774,7 +462,7 @@ class Queue:
         ):
             # recorded done before a crash: only the pending file was left
             self.store.delete(slot.path)
-            self.dataset.journal.forget_applied(self.name, [slot.id])
+            forget_applied(self.dataset.journal, self.name, [slot.id])
             result.recovered += 1
             result.items.append({"id": slot.id, "tenant": slot.tenant, "outcome": "recovered"})
             return
@@ -817,7 +505,7 @@ class Queue:
         )
         faults.point("queue.after_mark")
         self.store.delete(slot.path)
-        self.dataset.journal.forget_applied(self.name, [item.id])
+        forget_applied(self.dataset.journal, self.name, [item.id])
         if effect.get("already_applied"):
             result.recovered += 1
             outcome = "recovered"
@@ -867,7 +555,7 @@ class Queue:
         ds, journal = self.dataset, self.dataset.journal
         write = Write(item.tenant, write_id(item.id))
         writes_journal = item.resource == "entity" or bool(item.payload.get("document"))
-        if journal.is_applied(self.name, item.id):
+        if is_applied(journal, self.name, item.id):
             if writes_journal:
                 ds.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
             return {"already_applied": True}
@@ -897,8 +585,6 @@ class Queue:
             ]
             effect = {"entity_id": payload.entity_id, "tombstones": len(rows)}
         elif isinstance(payload, FileUpsert):
-            from lakehouse_assets.lake import DOCUMENT_MARK, document_entity
-
             extra = dict(payload.extra)
             if payload.document:
                 extra[DOCUMENT_MARK] = True
@@ -937,19 +623,9 @@ class Queue:
                 effect = {"file_id": gone.file_id, "checksum": gone.checksum, "deleted": True}
             except SourceNotFoundError:  # already gone: what the tenant asked for
                 effect = {"file_id": payload.file_id, "deleted": False}
-        written = journal.apply_once(self.name, item.id, rows, write)
+        written = apply_once(journal, self.name, item.id, rows, write)
         if rows or writes_journal:
             ds.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
         if not written:
             effect["already_applied"] = True
         return effect
-
-
-__all__ = [
-    "ConsumeResult",
-    "Entry",
-    "Queue",
-    "QueueItem",
-    "normalize_payload",
-    "uuid7",
-]

@@ -1,0 +1,86 @@
+"""The queue's exactly-once ledger: which queue items the journal already holds.
+
+A queue item's effect on the journal (its statements or tombstones) and its
+mark in this ledger commit in one transaction of the journal's database, so a
+consumer that died after applying an item finds the mark and does not apply it
+again (see :mod:`lakehouse_assets.queue`). The ledger is the queue's concern,
+not the journal's, so it lives here; its table sits in the journal's database
+(the journal creates it with its own, :class:`~lakehouse_assets.journal.Journal`)
+and its functions work on a journal's connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Column, MetaData, String, Table, delete, select
+from sqlalchemy.exc import IntegrityError
+
+if TYPE_CHECKING:
+    from lakehouse_assets.journal import Journal, Row, Write
+
+#: The ledger's schema, created by the journal beside its own table.
+metadata = MetaData()
+
+#: Queue items whose effect on the journal is committed (see
+#: :mod:`lakehouse_assets.queue`). The row is inserted in the same transaction
+#: as the item's statements, so "applied" and "written" can never disagree, and
+#: unlike the statements it survives a flush. The consumer removes the row once
+#: the item's ``_done`` record is in the lake.
+queue_applied_table = Table(
+    "lakehouse_queue_applied",
+    metadata,
+    Column("dataset", String(128), primary_key=True),
+    Column("item_id", String(36), primary_key=True),
+    Column("applied_at", String(32), nullable=False),
+)
+
+
+def apply_once(
+    journal: Journal, dataset: str, item_id: str, rows: Sequence[Row], write: Write
+) -> bool:
+    """Write the rows of queue item ``item_id`` unless it was applied before.
+
+    The item's mark and its rows commit in one transaction: True if this
+    call wrote them, False if the item's mark was already there (nothing
+    written).
+    """
+    marker = queue_applied_table.insert().values(
+        dataset=dataset, item_id=item_id, applied_at=datetime.now(UTC).isoformat()
+    )
+    try:
+        with journal.transaction() as conn:
+            conn.execute(marker)
+            journal.insert_rows(conn, rows, write)
+    except IntegrityError:
+        if is_applied(journal, dataset, item_id):
+            return False
+        raise
+    return True
+
+
+def is_applied(journal: Journal, dataset: str, item_id: str) -> bool:
+    t = queue_applied_table
+    q = select(t.c.item_id).where(t.c.dataset == dataset, t.c.item_id == item_id)
+    with journal.engine.connect() as conn:
+        return conn.execute(q).first() is not None
+
+
+def applied_items(journal: Journal, dataset: str) -> list[str]:
+    """Ids of the dataset's queue items marked applied (those not yet recorded done)."""
+    t = queue_applied_table
+    q = select(t.c.item_id).where(t.c.dataset == dataset).order_by(t.c.item_id)
+    with journal.engine.connect() as conn:
+        return [str(r[0]) for r in conn.execute(q)]
+
+
+def forget_applied(journal: Journal, dataset: str, item_ids: Sequence[str]) -> int:
+    """Drop the marks of items whose ``_done`` record is written."""
+    if not item_ids:
+        return 0
+    t = queue_applied_table
+    q = delete(t).where(t.c.dataset == dataset, t.c.item_id.in_(list(item_ids)))
+    with journal.engine.begin() as conn:
+        return int(conn.execute(q).rowcount or 0)
