@@ -57,17 +57,11 @@ from deltalake import (
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults
-from lakehouse_assets.delta import DeltaLocation
 from lakehouse_assets.errors import InvalidNameError, LakehouseError
-from lakehouse_assets.tables import (
-    STATEMENTS_PARTITION,
-    STATEMENTS_SCHEMA,
-    TRANSLOG_SCHEMA,
-    DataFile,
-    DatasetSnapshot,
-    arrow_dataset,
-    point_lookup,
-)
+from lakehouse_assets.tables.delta import DeltaLocation
+from lakehouse_assets.tables.lookups import point_lookup
+from lakehouse_assets.tables.schemas import STATEMENTS_PARTITION, STATEMENTS_SCHEMA, TRANSLOG_SCHEMA
+from lakehouse_assets.tables.snapshot import DataFile, DatasetSnapshot, arrow_dataset
 
 if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset

@@ -14,12 +14,8 @@ from hypothesis import strategies as st
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.flush import needs_flush, plan_batches
 from lakehouse_assets.lake import Lakehouse
-from lakehouse_assets.tables import (
-    STATEMENTS_SCHEMA,
-    TRANSLOG_SCHEMA,
-    Snapshot,
-    read_files,
-)
+from lakehouse_assets.tables.schemas import STATEMENTS_SCHEMA, TRANSLOG_SCHEMA
+from lakehouse_assets.tables.snapshot import Snapshot, read_files
 from lakehouse_assets_tests.conftest import run_python, sample_entities
 
 #: the data-plane group: ``make test`` runs it with Spark Connect and in process
@@ -345,7 +341,7 @@ def test_a_flush_tasks_worker_imports_no_followthemoney() -> None:
         "from lakehouse_assets.spark.journal_source import JournalReader, JournalSource\n"
         "from lakehouse_assets.journal import Claim, read_sqlite_natively, sqlite_path\n"
         "from lakehouse_assets.reduce import reduce_events\n"
-        "from lakehouse_assets.spark.delta_io import stage_table\n"
+        "from lakehouse_assets.tables.spark_io import stage_table\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'followthemoney'\n"
         "               or m in ('lakehouse_assets.flush', 'lakehouse_assets.lake'))\n"
         "print(','.join(heavy))\n"
