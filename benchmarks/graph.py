@@ -63,7 +63,8 @@ def main() -> None:
 
     from lakehouse_assets import graph
     from lakehouse_assets.lake import Lakehouse
-    from lakehouse_assets.tables import STATEMENTS_PARTITION, STATEMENTS_SCHEMA, arrow_dataset
+    from lakehouse_assets.tables.schemas import STATEMENTS_PARTITION, STATEMENTS_SCHEMA
+    from lakehouse_assets.tables.snapshot import arrow_dataset
 
     data = write_data(
         Path(__file__).parent / ".data" / f"kek-{args.statements}.ftm.json", args.statements

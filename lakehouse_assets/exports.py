@@ -63,17 +63,16 @@ from lakehouse_assets.freshness import (  # the export kinds and their rule live
 )
 from lakehouse_assets.query import SORT, csv_header, string_data
 from lakehouse_assets.spark import ftm_sql
-from lakehouse_assets.spark.delta_io import read_snapshot
 from lakehouse_assets.spark.session import get_spark, partitions_for, ranged
 from lakehouse_assets.storage import LocalStore
-from lakehouse_assets.tables import (
+from lakehouse_assets.tables.schemas import (
     STATEMENT_FIELDS,
     STATEMENTS_PARTITION,
     STATEMENTS_SCHEMA,
     TRANSLOG_SCHEMA,
-    DatasetSnapshot,
-    arrow_filesystem,
 )
+from lakehouse_assets.tables.snapshot import DatasetSnapshot, arrow_filesystem
+from lakehouse_assets.tables.spark_io import read_snapshot
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -54,12 +54,10 @@ import pyarrow as pa
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, progress, staging
-from lakehouse_assets.delta import commit, remove_action
 from lakehouse_assets.errors import LockedError
 from lakehouse_assets.journal import Claim
 from lakehouse_assets.locks import Fence
 from lakehouse_assets.reduce import reduce_events
-from lakehouse_assets.spark.delta_io import arrow_frame, read_snapshot, write_files
 from lakehouse_assets.spark.journal_source import journal_frame, reachable
 from lakehouse_assets.spark.session import (
     get_spark,
@@ -68,13 +66,15 @@ from lakehouse_assets.spark.session import (
     remote_url,
     scratch_cleanup,
 )
-from lakehouse_assets.tables import (
+from lakehouse_assets.tables.delta import commit, remove_action
+from lakehouse_assets.tables.schemas import (
     PROVENANCE_FIELDS,
     STATEMENTS_PARTITION,
     STATEMENTS_SCHEMA,
     TRANSLOG_SCHEMA,
-    Snapshot,
 )
+from lakehouse_assets.tables.snapshot import Snapshot
+from lakehouse_assets.tables.spark_io import arrow_frame, read_snapshot, write_files
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -34,7 +34,6 @@ from lakehouse_assets.catalog import (
     load_catalog_config,
     load_dataset_config,
 )
-from lakehouse_assets.delta import DeltaLocation
 from lakehouse_assets.errors import DatasetNotFoundError, InvalidInputError
 from lakehouse_assets.jobs import JobRecorder, record_job
 from lakehouse_assets.journal import Journal, Write, iso, statement_row
@@ -42,7 +41,8 @@ from lakehouse_assets.locks import Lock, dataset_lock, operation_lock
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.sources import local_path
 from lakehouse_assets.storage import Store, open_store
-from lakehouse_assets.tables import DatasetSnapshot
+from lakehouse_assets.tables.delta import DeltaLocation
+from lakehouse_assets.tables.snapshot import DatasetSnapshot
 from lakehouse_assets.tags import Tags
 
 log = logging.getLogger(__name__)

@@ -277,7 +277,7 @@ def _spark_task(
     """
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from lakehouse_assets.tables import arrow_filesystem
+        from lakehouse_assets.tables.snapshot import arrow_filesystem
 
         fs, root = arrow_filesystem(staging_uri, storage)
         source = pq.ParquetFile(fs.open_input_file(f"{root}/in/rows.parquet"))
@@ -431,7 +431,7 @@ def _map_spark(
     """
     from lakehouse_assets import staging
     from lakehouse_assets.spark.session import get_spark, parallelism
-    from lakehouse_assets.tables import arrow_filesystem
+    from lakehouse_assets.tables.snapshot import arrow_filesystem
 
     clock = time.monotonic()
     spark = get_spark(ds.settings)

@@ -27,15 +27,14 @@ from followthemoney.statement.entity import StatementEntity
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import InvalidInputError, SourceNotFoundError
 from lakehouse_assets.journal import BUCKETS, bucket_of, statement_from_mapping
-from lakehouse_assets.tables import (
+from lakehouse_assets.tables.lookups import point_lookup
+from lakehouse_assets.tables.schemas import (
     STATEMENT_FIELDS,
     STATEMENTS_PARTITION,
     STATEMENTS_SCHEMA,
     TRANSLOG_SCHEMA,
-    DatasetSnapshot,
-    arrow_dataset,
-    point_lookup,
 )
+from lakehouse_assets.tables.snapshot import DatasetSnapshot, arrow_dataset
 
 if TYPE_CHECKING:
     from ftmq.query import Query

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakehouse_assets.tables import PROVENANCE_FIELDS, STATEMENT_FIELDS, STATEMENTS_SCHEMA
+from lakehouse_assets.tables.schemas import PROVENANCE_FIELDS, STATEMENT_FIELDS, STATEMENTS_SCHEMA
 
 #: Columns of a statement the reduce takes from its first live event.
 _STATEMENT_COLUMNS = tuple(

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.delta import DeltaLocation
+from lakehouse_assets.tables.delta import DeltaLocation
 
 if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset

@@ -70,19 +70,17 @@ from deltalake import DeltaTable
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults
-from lakehouse_assets.delta import DeltaLocation, commit
 from lakehouse_assets.errors import ConcurrentWriteError, LakehouseError
 from lakehouse_assets.staging import scratch_dir
-from lakehouse_assets.tables import (
+from lakehouse_assets.tables.delta import DeltaLocation, commit
+from lakehouse_assets.tables.lookups import point_lookup
+from lakehouse_assets.tables.schemas import (
     PROVENANCE_FIELDS,
     STATEMENTS_PARTITION,
     STATEMENTS_SCHEMA,
     TRANSLOG_SCHEMA,
-    DataFile,
-    DatasetSnapshot,
-    arrow_dataset,
-    point_lookup,
 )
+from lakehouse_assets.tables.snapshot import DataFile, DatasetSnapshot, arrow_dataset
 
 if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset
@@ -1046,7 +1044,7 @@ def _tag_delta(ds: Dataset, version: Version) -> None:
 
 
 def _published(location: DeltaLocation) -> int | None:
-    from lakehouse_assets.delta import PUBLISHED_APP_ID
+    from lakehouse_assets.tables.delta import PUBLISHED_APP_ID
 
     table = location.table()
     return None if table is None else table.transaction_version(PUBLISHED_APP_ID)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pyarrow import fs as pafs
 
 from lakehouse_assets import Settings
-from lakehouse_assets.delta import (
+from lakehouse_assets.tables.delta import (
     DeltaLocation,
     add_action,
     commit,
@@ -214,12 +214,8 @@ def test_point_lookup_equals_a_filtered_scan(
 
     import pyarrow.compute as pc
 
-    from lakehouse_assets.tables import (
-        DataFile,
-        _duckdb_lookup,
-        _row_group_lookup,
-        point_lookup,
-    )
+    from lakehouse_assets.tables.lookups import _duckdb_lookup, _row_group_lookup, point_lookup
+    from lakehouse_assets.tables.snapshot import DataFile
 
     schema = pa.schema(
         [

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.flush import needs_flush, plan_batches
 from lakehouse_assets.lake import Lakehouse
-from lakehouse_assets.tables import Snapshot
+from lakehouse_assets.tables.snapshot import Snapshot
 from lakehouse_assets_tests.conftest import run_python, sample_entities
 from lakehouse_assets_tests.helpers.data import table_rows
 
@@ -342,7 +342,7 @@ def test_a_flush_tasks_worker_imports_no_followthemoney() -> None:
         "from lakehouse_assets.journal import Claim\n"
         "from lakehouse_assets.journal_duckdb import read_sqlite_natively, sqlite_path\n"
         "from lakehouse_assets.reduce import reduce_events\n"
-        "from lakehouse_assets.spark.delta_io import stage_table\n"
+        "from lakehouse_assets.tables.spark_io import stage_table\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'followthemoney'\n"
         "               or m in ('lakehouse_assets.flush', 'lakehouse_assets.lake'))\n"
         "print(','.join(heavy))\n"

@@ -150,7 +150,8 @@ def finish(proc: Any) -> str:
 
 
 def statement_keys(ds: Dataset) -> list[tuple[str, str]]:
-    from lakehouse_assets.tables import STATEMENTS_SCHEMA, Snapshot, read_files
+    from lakehouse_assets.tables.schemas import STATEMENTS_SCHEMA
+    from lakehouse_assets.tables.snapshot import Snapshot, read_files
 
     snap = Snapshot.load(ds.statements_table)
     table = read_files(

@@ -18,10 +18,10 @@ from click.testing import CliRunner
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.cli import cli
-from lakehouse_assets.delta import DeltaLocation, add_action, commit
 from lakehouse_assets.errors import ConcurrentWriteError, LockedError, LockLostError
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.locks import boot_id, process_start
+from lakehouse_assets.tables.delta import DeltaLocation, add_action, commit
 
 NOW = datetime.now(UTC)
 

@@ -12,7 +12,7 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.cli import cli
 from lakehouse_assets.jobs import list_runs
 from lakehouse_assets.lake import Lakehouse
-from lakehouse_assets.tables import Snapshot
+from lakehouse_assets.tables.snapshot import Snapshot
 from lakehouse_assets_tests.conftest import cli_args, sample_entities
 
 if TYPE_CHECKING:

@@ -30,10 +30,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lakehouse_assets.delta import DeltaLocation, add_action, commit, remove_action
 from lakehouse_assets.errors import ConcurrentWriteError, LockLostError
 from lakehouse_assets.settings import Settings
-from lakehouse_assets.tables import Snapshot, arrow_filesystem, read_files
+from lakehouse_assets.tables.delta import DeltaLocation, add_action, commit, remove_action
+from lakehouse_assets.tables.snapshot import Snapshot, arrow_filesystem, read_files
 from lakehouse_assets_tests.conftest import examples, make_bucket
 
 SCHEMA = pa.schema([("id", pa.string()), ("writer", pa.string())])

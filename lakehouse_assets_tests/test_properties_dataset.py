@@ -46,7 +46,8 @@ from lakehouse_assets import faults
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.query import SORT, ftm_dataset
 from lakehouse_assets.settings import Settings
-from lakehouse_assets.tables import STATEMENTS_SCHEMA, Snapshot, read_files
+from lakehouse_assets.tables.schemas import STATEMENTS_SCHEMA
+from lakehouse_assets.tables.snapshot import Snapshot, read_files
 from lakehouse_assets_tests.conftest import examples, lakehouse_env, make_bucket, sample_entities
 
 BASE = sample_entities()[:8]

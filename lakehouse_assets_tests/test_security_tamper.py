@@ -22,10 +22,10 @@ from deltalake import DeltaTable
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import versions
-from lakehouse_assets.delta import commit
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.settings import Settings
-from lakehouse_assets.tables import TRANSLOG_SCHEMA
+from lakehouse_assets.tables.delta import commit
+from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
 from lakehouse_assets_tests.conftest import make_bucket, sample_entities
 
 if TYPE_CHECKING:

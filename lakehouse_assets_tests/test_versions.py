@@ -63,7 +63,8 @@ def test_a_versions_totals_agree_however_they_are_counted(
     deleted in one origin but live in the other still live."""
     import pyarrow.compute as pc
 
-    from lakehouse_assets.tables import TRANSLOG_SCHEMA, arrow_dataset
+    from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
+    from lakehouse_assets.tables.snapshot import arrow_dataset
 
     ds = lake.create_dataset("totals")
     entities = sample_entities()

@@ -37,7 +37,7 @@ from lakehouse_assets.exports import export
 from lakehouse_assets.flush import flush
 from lakehouse_assets.freshness import ENTITIES, EXPORTS, INDEX, STATEMENTS, STATISTICS
 from lakehouse_assets.lake import Dataset
-from lakehouse_assets.tables import STATEMENTS_SCHEMA, TRANSLOG_SCHEMA
+from lakehouse_assets.tables.schemas import STATEMENTS_SCHEMA, TRANSLOG_SCHEMA
 
 #: The Delta tables' columns, shown as each table asset's column schema.
 SCHEMAS = {"statements": STATEMENTS_SCHEMA, "translog": TRANSLOG_SCHEMA}

@@ -30,7 +30,7 @@ from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import SourceNotFoundError
 from lakehouse_assets.exports import live_frame
 from lakehouse_assets.lake import Dataset
-from lakehouse_assets.tables import DatasetSnapshot
+from lakehouse_assets.tables.snapshot import DatasetSnapshot
 
 #: How many offending examples a failed check shows.
 EXAMPLES = 10

@@ -30,7 +30,7 @@ from lakehouse_assets.defs.metadata import table_metadata, table_summary
 from lakehouse_assets.defs.partitions import DATASETS, datasets
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.lake import Dataset
-from lakehouse_assets.tables import STATEMENTS_SCHEMA, TRANSLOG_SCHEMA
+from lakehouse_assets.tables.schemas import STATEMENTS_SCHEMA, TRANSLOG_SCHEMA
 
 GROUP = "ftm_lakehouse"  # one group: the UI folds a graph of several groups
 

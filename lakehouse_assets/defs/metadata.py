@@ -15,9 +15,9 @@ import dagster as dg
 import pyarrow as pa
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.delta import DeltaLocation
 from lakehouse_assets.freshness import EXPORTS
 from lakehouse_assets.lake import Dataset
+from lakehouse_assets.tables.delta import DeltaLocation
 
 #: Dagster's tag for a reported event's data version (what staleness compares).
 DATA_VERSION_TAG = "dagster/data_version"

@@ -26,14 +26,12 @@ from lakehouse_assets.graph.tables import (
     _write,
     table_location,
 )
-from lakehouse_assets.tables import (
+from lakehouse_assets.tables.schemas import (
     STATEMENTS_PARTITION,
     STATEMENTS_SCHEMA,
     TRANSLOG_SCHEMA,
-    DataFile,
-    DatasetSnapshot,
-    arrow_dataset,
 )
+from lakehouse_assets.tables.snapshot import DataFile, DatasetSnapshot, arrow_dataset
 
 if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset

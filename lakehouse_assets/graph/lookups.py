@@ -26,7 +26,8 @@ from lakehouse_assets.graph.tables import (
     _table_files,
     table_location,
 )
-from lakehouse_assets.tables import DataFile, arrow_dataset, point_lookup
+from lakehouse_assets.tables.lookups import point_lookup
+from lakehouse_assets.tables.snapshot import DataFile, arrow_dataset
 
 if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset

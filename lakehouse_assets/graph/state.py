@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.graph.tables import BY_SOURCE, BY_TARGET, STATE, TOMBSTONES, _table_files
-from lakehouse_assets.tables import DatasetSnapshot
+from lakehouse_assets.tables.snapshot import DatasetSnapshot
 
 if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset

@@ -21,7 +21,7 @@ from deltalake import (
 )
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.delta import DeltaLocation
+from lakehouse_assets.tables.delta import DeltaLocation
 
 if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset

@@ -70,7 +70,7 @@ class JournalReader(DataSourceReader):
         from lakehouse_assets.journal import Claim
         from lakehouse_assets.journal_duckdb import read_sqlite_natively, sqlite_path
         from lakehouse_assets.reduce import reduce_events
-        from lakehouse_assets.spark.delta_io import stage_table
+        from lakehouse_assets.tables.spark_io import stage_table
 
         assert isinstance(partition, _Range)
         claim = Claim(**self.claim)
@@ -179,8 +179,8 @@ def journal_frame(
     from dataclasses import asdict
 
     from lakehouse_assets.reduce import REDUCED_SCHEMA
-    from lakehouse_assets.spark.delta_io import read_snapshot
-    from lakehouse_assets.tables import DataFile
+    from lakehouse_assets.tables.snapshot import DataFile
+    from lakehouse_assets.tables.spark_io import read_snapshot
 
     key = id(spark)
     if key not in _registered:

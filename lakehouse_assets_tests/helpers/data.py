@@ -8,12 +8,8 @@ from typing import Any
 import orjson
 
 from lakehouse_assets.lake import Dataset
-from lakehouse_assets.tables import (
-    STATEMENTS_SCHEMA,
-    TRANSLOG_SCHEMA,
-    Snapshot,
-    read_files,
-)
+from lakehouse_assets.tables.schemas import STATEMENTS_SCHEMA, TRANSLOG_SCHEMA
+from lakehouse_assets.tables.snapshot import Snapshot, read_files
 from lakehouse_assets_tests.conftest import SHARED_DATA, sample_entities
 
 

@@ -42,8 +42,9 @@ import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from lakehouse_assets.delta import file_stats, unique_file_name
-from lakehouse_assets.tables import DataFile, arrow_filesystem, partition_dir, physical_schema
+from lakehouse_assets.tables.delta import file_stats, unique_file_name
+from lakehouse_assets.tables.schemas import partition_dir, physical_schema
+from lakehouse_assets.tables.snapshot import DataFile, arrow_filesystem
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

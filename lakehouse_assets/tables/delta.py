@@ -16,7 +16,7 @@ A translog commit also *publishes* a statements-table version (the app
 transaction ``lakehouse.statements``): readers take the translog's latest
 version and the statements version it names, so they never pair a flush's
 appended statements with the translog from before it (see
-:class:`tables.DatasetSnapshot`).
+:class:`tables.snapshot.DatasetSnapshot`).
 """
 
 from __future__ import annotations
