@@ -37,7 +37,8 @@ from lakehouse_assets.delta import DeltaLocation
 
 if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset
-    from lakehouse_assets.versions import VerifyReport, Version
+    from lakehouse_assets.versions.chain import Version
+    from lakehouse_assets.versions.verification import VerifyReport
 
 #: Commit metadata a lakehouse commit carries: flush, compact, optimize, vacuum,
 #: schema evolution (``lakehouse.operation``), the version anchor, the graph index.
@@ -120,7 +121,7 @@ def vacuumable(
     the manifests hashed), a vacuum commit after it counts only if the
     lakehouse stamped it: a vacuum forged by another writer excuses nothing.
     """
-    from lakehouse_assets.versions import vacuum_ran
+    from lakehouse_assets.versions.asof import vacuum_ran
 
     try:
         commits, missing = commits_after(ds, table_dir, location, None)
@@ -169,7 +170,7 @@ def commits_after(
 
 def check_after_head(ds: Dataset, head: Version, report: VerifyReport) -> None:
     """Commits after the head's table versions, and the files readers read now."""
-    from lakehouse_assets.versions import Problem
+    from lakehouse_assets.versions.verification import Problem
 
     added: dict[str, dict[str, int]] = {}
     unpublished: list[str] = []
@@ -273,7 +274,8 @@ def check_graph(
     ds: Dataset, head: Version, sha256: Callable[[str], str | None], report: VerifyReport
 ) -> None:
     """``graph/state.json`` and the index files it lists, as the head recorded them."""
-    from lakehouse_assets.versions import Problem, graph_state_core
+    from lakehouse_assets.versions.manifest import graph_state_core
+    from lakehouse_assets.versions.verification import Problem
 
     state_path = cv.dataset_path(ds.name, cv.GRAPH_STATE)
     recorded = head.manifest.get("graph")
@@ -338,7 +340,8 @@ DIFF_FIELDS: Final = ("path", "size", "sha256", "counts", "skipped")
 
 def check_diff_index(ds: Dataset, versions: Sequence[Version], report: VerifyReport) -> None:
     """``diffs/entities.ftm.json/index.json``: one entry per version, as its manifest has it."""
-    from lakehouse_assets.versions import Problem, diff_index_path
+    from lakehouse_assets.conventions import diff_index_path
+    from lakehouse_assets.versions.verification import Problem
 
     path = diff_index_path(ds.name)
     if not versions:
@@ -376,7 +379,7 @@ def _catalog_entry(
     ds: Dataset, path: str, versions: Mapping[int, Version], report: VerifyReport
 ) -> int | None:
     """Check the dataset's entry of one catalog file; the sequence it names."""
-    from lakehouse_assets.versions import Problem
+    from lakehouse_assets.versions.verification import Problem
 
     try:
         data = json.loads(ds.store.read_text(path))
@@ -409,7 +412,7 @@ def _catalog_entry(
 
 def check_catalog(ds: Dataset, versions: Sequence[Version], report: VerifyReport) -> None:
     """The lake's ``index.json`` and its snapshots name versions of the chain."""
-    from lakehouse_assets.versions import Problem
+    from lakehouse_assets.versions.verification import Problem
 
     if not versions:
         return
