@@ -52,8 +52,8 @@ outside the lakehouse (:class:`VersionDamagedError`).
 The package, one concern a module, lowest first: :mod:`.hashes`, :mod:`.chain`
 (the chain and its head), :mod:`.asof` (as-of reads), :mod:`.render` (logical
 hash and exports of a snapshot), :mod:`.manifest`, :mod:`.diffs`,
-:mod:`.publishing`, :mod:`.verification` and :mod:`.coverage` (``verify``),
-:mod:`.provenance` (``trace``). The layout paths live in
+:mod:`.publishing`, :mod:`.report`, :mod:`.coverage` and :mod:`.verification`
+(``verify``), :mod:`.provenance` (``trace``). The layout paths live in
 :mod:`lakehouse_assets.conventions`. This module re-exports the names callers
 use; it imports what the single ``versions.py`` imported at its top (DuckDB,
 pyarrow, delta-rs, orjson), never followthemoney or Spark.
@@ -75,7 +75,6 @@ from lakehouse_assets.versions.asof import (
     VersionDamagedError,
     VersionExpiredError,
     snapshot_at,
-    vacuum_ran,
 )
 from lakehouse_assets.versions.chain import (
     Version,
@@ -85,6 +84,7 @@ from lakehouse_assets.versions.chain import (
     history,
     resolve,
 )
+from lakehouse_assets.versions.coverage import vacuum_ran
 from lakehouse_assets.versions.diffs import (
     changed_translog_rows,
     diff_from_export,
@@ -121,7 +121,8 @@ from lakehouse_assets.versions.publishing import (
     published_intact,
 )
 from lakehouse_assets.versions.render import logical_hash, render_export
-from lakehouse_assets.versions.verification import Problem, VerifyReport, verify
+from lakehouse_assets.versions.report import Problem, VerifyReport
+from lakehouse_assets.versions.verification import verify
 
 __all__ = [
     "CHAIN",

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.conventions import _table_dir
-from lakehouse_assets.delta import DeltaLocation
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.tables import DatasetSnapshot
 from lakehouse_assets.versions.chain import Version
+from lakehouse_assets.versions.coverage import vacuumable
 
 if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset
@@ -51,8 +51,6 @@ def snapshot_at(ds: Dataset, version: Version) -> DatasetSnapshot:
     }
     missing = [path for paths in gone.values() for path in paths]
     if missing:
-        from lakehouse_assets.versions.coverage import vacuumable
-
         if not all(
             all(map(vacuumable(ds, _table_dir(name), location), gone[name]))
             for name, location, _ in tables
@@ -67,17 +65,6 @@ def snapshot_at(ds: Dataset, version: Version) -> DatasetSnapshot:
             )
         raise _expired(ds, version, f"{len(missing)} of its files were vacuumed ({missing[0]}, …)")
     return snapshot
-
-
-def vacuum_ran(location: DeltaLocation) -> bool:
-    """Whether a vacuum is on record in a table's Delta history (a vacuum writes a
-    ``VACUUM END`` commit): only then may a file a version names be gone."""
-    try:
-        table = location.table()
-        history = [] if table is None else table.history()
-    except Exception:  # noqa: BLE001 - an unreadable log proves no vacuum
-        return False
-    return any(str(info.get("operation", "")).startswith("VACUUM") for info in history)
 
 
 def _expired(ds: Dataset, version: Version, why: str) -> VersionExpiredError:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -19,59 +18,18 @@ import pyarrow as pa
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.conventions import CHAIN, _table_dir, chain_entry_path, latest_path
 from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.versions import coverage as verify_coverage
 from lakehouse_assets.versions.asof import snapshot_at
 from lakehouse_assets.versions.chain import Version
+from lakehouse_assets.versions.coverage import vacuumable
 from lakehouse_assets.versions.hashes import manifest_hash, sha256_of
 from lakehouse_assets.versions.manifest import MANIFEST_SCHEMA
 from lakehouse_assets.versions.publishing import delta_tags
 from lakehouse_assets.versions.render import logical_hash
+from lakehouse_assets.versions.report import Problem, VerifyReport
 
 if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """One thing verify found wrong: which version, which file, what."""
-
-    version: int | None
-    file: str
-    message: str
-
-    def __str__(self) -> str:
-        where = f"version {self.version}" if self.version is not None else "chain"
-        return f"{where}: {self.file}: {self.message}"
-
-
-@dataclass(slots=True)
-class VerifyReport:
-    """What ``lakehouse verify`` checked and found."""
-
-    dataset: str
-    versions: int = 0
-    head: str | None = None
-    files_hashed: int = 0
-    bytes_hashed: int = 0
-    deep: bool = False
-    problems: list[Problem] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "dataset": self.dataset,
-            "ok": self.ok,
-            "versions": self.versions,
-            "head": self.head,
-            "files_hashed": self.files_hashed,
-            "bytes_hashed": self.bytes_hashed,
-            "deep": self.deep,
-            "problems": [str(p) for p in self.problems],
-            "notes": self.notes,
-        }
 
 
 class _Hasher:
@@ -216,8 +174,6 @@ def verify(ds: Dataset, *, deep: bool = False, trusted_head: str | None = None) 
     except Exception as exc:  # a broken Delta log
         report.problems.append(Problem(None, "tables", f"Delta log unreadable: {exc}"))
         current = {}
-    from lakehouse_assets.versions.coverage import vacuumable
-
     vacuumed = {
         name: vacuumable(
             ds,
@@ -230,8 +186,6 @@ def verify(ds: Dataset, *, deep: bool = False, trusted_head: str | None = None) 
     for version in versions:
         _check_files(ds, version, current, vacuumed, hasher, report)
     if head_version is not None:
-        from lakehouse_assets.versions import coverage as verify_coverage
-
         _check_head_tables(ds, head_version, report)
         _check_exports(ds, head_version, hasher, report)
         verify_coverage.check_after_head(ds, head_version, report)
