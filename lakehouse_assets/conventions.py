@@ -362,6 +362,35 @@ def queue_failed(dataset: str, tenant: str, item_id: str) -> str:
     )
 
 
+# --- version paths ----------------------------------------------------------
+# The published versions of a dataset (see lakehouse_assets.versions).
+
+CHAIN: Final = "chain"
+LATEST: Final = "latest.json"
+MANIFEST: Final = "manifest.json"
+DIFFS: Final = "diffs/entities.ftm.json"
+
+
+def chain_entry_path(dataset: str, sequence: int) -> str:
+    return dataset_path(dataset, VERSIONS, CHAIN, f"{sequence:010d}.json")
+
+
+def latest_path(dataset: str) -> str:
+    return dataset_path(dataset, VERSIONS, LATEST)
+
+
+def diff_path(dataset: str, snapshot_id: str) -> str:
+    return dataset_path(dataset, DIFFS, f"{file_id(snapshot_id)}.delta.json")
+
+
+def diff_index_path(dataset: str) -> str:
+    return dataset_path(dataset, DIFFS, "index.json")
+
+
+def _table_dir(table: str) -> str:
+    return STATEMENTS_TABLE if table == "statements" else TRANSLOG_TABLE
+
+
 # --- tags -------------------------------------------------------------------
 # The core tags of the specification, set by the operations that own them.
 

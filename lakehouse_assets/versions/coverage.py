@@ -33,11 +33,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from lakehouse_assets import conventions as cv
+from lakehouse_assets.conventions import diff_index_path
 from lakehouse_assets.tables.delta import DeltaLocation
+from lakehouse_assets.versions.manifest import graph_state_core
+from lakehouse_assets.versions.report import Problem, VerifyReport
 
 if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset
-    from lakehouse_assets.versions import VerifyReport, Version
+    from lakehouse_assets.versions.chain import Version
 
 #: Commit metadata a lakehouse commit carries: flush, compact, optimize, vacuum,
 #: schema evolution (``lakehouse.operation``), the version anchor, the graph index.
@@ -106,6 +109,17 @@ def read_commit(ds: Dataset, table_dir: str, version: int) -> Commit | None:
     return commit
 
 
+def vacuum_ran(location: DeltaLocation) -> bool:
+    """Whether a vacuum is on record in a table's Delta history (a vacuum writes a
+    ``VACUUM END`` commit): only then may a file a version names be gone."""
+    try:
+        table = location.table()
+        history = [] if table is None else table.history()
+    except Exception:  # noqa: BLE001 - an unreadable log proves no vacuum
+        return False
+    return any(str(info.get("operation", "")).startswith("VACUUM") for info in history)
+
+
 def vacuumable(
     ds: Dataset, table_dir: str, location: DeltaLocation, trusted_until: int | None = None
 ) -> Callable[[str], bool]:
@@ -120,8 +134,6 @@ def vacuumable(
     the manifests hashed), a vacuum commit after it counts only if the
     lakehouse stamped it: a vacuum forged by another writer excuses nothing.
     """
-    from lakehouse_assets.versions import vacuum_ran
-
     try:
         commits, missing = commits_after(ds, table_dir, location, None)
     except Exception:  # noqa: BLE001 - an unreadable log proves no vacuum
@@ -169,8 +181,6 @@ def commits_after(
 
 def check_after_head(ds: Dataset, head: Version, report: VerifyReport) -> None:
     """Commits after the head's table versions, and the files readers read now."""
-    from lakehouse_assets.versions import Problem
-
     added: dict[str, dict[str, int]] = {}
     unpublished: list[str] = []
     for name, table_dir, location in (
@@ -273,8 +283,6 @@ def check_graph(
     ds: Dataset, head: Version, sha256: Callable[[str], str | None], report: VerifyReport
 ) -> None:
     """``graph/state.json`` and the index files it lists, as the head recorded them."""
-    from lakehouse_assets.versions import Problem, graph_state_core
-
     state_path = cv.dataset_path(ds.name, cv.GRAPH_STATE)
     recorded = head.manifest.get("graph")
     present = ds.store.exists(state_path)
@@ -338,8 +346,6 @@ DIFF_FIELDS: Final = ("path", "size", "sha256", "counts", "skipped")
 
 def check_diff_index(ds: Dataset, versions: Sequence[Version], report: VerifyReport) -> None:
     """``diffs/entities.ftm.json/index.json``: one entry per version, as its manifest has it."""
-    from lakehouse_assets.versions import Problem, diff_index_path
-
     path = diff_index_path(ds.name)
     if not versions:
         return
@@ -376,8 +382,6 @@ def _catalog_entry(
     ds: Dataset, path: str, versions: Mapping[int, Version], report: VerifyReport
 ) -> int | None:
     """Check the dataset's entry of one catalog file; the sequence it names."""
-    from lakehouse_assets.versions import Problem
-
     try:
         data = json.loads(ds.store.read_text(path))
         listed = [d for d in data["datasets"] if d.get("name") == ds.name]
@@ -409,8 +413,6 @@ def _catalog_entry(
 
 def check_catalog(ds: Dataset, versions: Sequence[Version], report: VerifyReport) -> None:
     """The lake's ``index.json`` and its snapshots name versions of the chain."""
-    from lakehouse_assets.versions import Problem
-
     if not versions:
         return
     by_seq = {v.sequence: v for v in versions}

@@ -1,0 +1,58 @@
+"""Self-describing hashes of versions: multihash, canonical JSON, SHA-256 of lake files.
+
+Every other module of the package hashes through these, so a manifest, a chain
+entry and verify agree on one spelling of a hash (``f1220`` + 64 hex digits).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, Final
+
+from lakehouse_assets import conventions as cv
+
+if TYPE_CHECKING:
+    from lakehouse_assets.lake import Dataset
+
+
+#: Multihash prefix of SHA-256 (code 0x12, 32 bytes) in multibase base16 (``f``).
+SHA256_PREFIX: Final = "f1220"
+
+
+def multihash(digest: bytes) -> str:
+    """A SHA-256 digest as a self-describing string (multihash, multibase base16)."""
+    return SHA256_PREFIX + digest.hex()
+
+
+def canonical_json(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def manifest_hash(manifest: Mapping[str, Any]) -> str:
+    """The hash a child manifest links to: SHA-256 over the canonical JSON."""
+    return multihash(hashlib.sha256(canonical_json(manifest)).digest())
+
+
+def sha256_of(ds: Dataset, path: str) -> str:
+    """Hex SHA-256 of a lake file, streamed."""
+    digest = hashlib.sha256()
+    with ds.store.open_read(path) as fh:
+        while chunk := fh.read(8 * 1024 * 1024):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def known_sha256(ds: Dataset, rel: str, size: int, known: MutableMapping[str, Any] | None) -> str:
+    """SHA-256 of the dataset's file ``rel`` (now ``size`` bytes): from ``known``
+    (by path: what the export pass computed while writing the file) when it
+    holds the file at that size, otherwise read and hashed once, and recorded
+    in ``known`` for the next caller (index.json, then the version manifest)."""
+    entry = (known or {}).get(rel)
+    if entry is not None and entry.get("size") == size and entry.get("sha256"):
+        return str(entry["sha256"])
+    sha = sha256_of(ds, cv.dataset_path(ds.name, rel))
+    if known is not None:
+        known[rel] = {"path": rel, "size": size, "sha256": sha}
+    return sha

@@ -1,0 +1,333 @@
+"""Publishing a version: manifest, chain entry, Delta tag, diff, pointers.
+
+The write order a crash cannot make inconsistent, the race for a sequence
+number, the follow-up steps (:func:`_finish`) any later publisher completes,
+and the freshness checks that hold exports to the head
+(:func:`published_intact`, :func:`covers`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets import faults
+from lakehouse_assets.conventions import (
+    MANIFEST,
+    chain_entry_path,
+    diff_index_path,
+    diff_path,
+    latest_path,
+)
+from lakehouse_assets.errors import ConcurrentWriteError, LakehouseError
+from lakehouse_assets.staging import scratch_dir
+from lakehouse_assets.tables.delta import DeltaLocation, commit
+from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
+from lakehouse_assets.tables.snapshot import DatasetSnapshot
+from lakehouse_assets.versions.asof import (
+    VersionDamagedError,
+    VersionExpiredError,
+    snapshot_at,
+)
+from lakehouse_assets.versions.chain import Version, head
+from lakehouse_assets.versions.diffs import _Digest, diff_from_export, render_diff
+from lakehouse_assets.versions.hashes import canonical_json, manifest_hash, sha256_of
+from lakehouse_assets.versions.manifest import build_manifest, table_files, unchanged
+
+if TYPE_CHECKING:
+    from lakehouse_assets.lake import Dataset
+
+log = logging.getLogger(__name__)
+
+
+#: The app transaction of the translog commit that carries a manifest hash.
+VERSION_APP_ID: Final = "lakehouse-version"
+#: Commit metadata keys of that commit.
+META_HASH: Final = "lakehouse.manifest_hash"
+META_SEQUENCE: Final = "lakehouse.sequence"
+#: How often a publisher that lost the race for a sequence retries on the new head.
+PUBLISH_ATTEMPTS: Final = 5
+
+
+@dataclass(slots=True)
+class PublishResult:
+    """What :func:`publish` did."""
+
+    version: Version | None = None
+    skipped: str | None = None
+    diff: dict[str, Any] | None = None
+    attempts: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "sequence": self.version.sequence if self.version else None,
+            "hash": self.version.hash if self.version else None,
+            "skipped": self.skipped,
+            "diff": self.diff,
+        }
+
+
+def publish(
+    ds: Dataset,
+    snapshot: DatasetSnapshot,
+    *,
+    index_text: str,
+    statements_fresh: bool,
+    entities_fresh: bool = False,
+    metadata: Mapping[str, Any] | None = None,
+    known_exports: MutableMapping[str, Any] | None = None,
+    logical: str | None = None,
+    parent_hash: str | None = None,
+) -> PublishResult:
+    """Write the manifest of a new version, link it, tag the Delta history, write its diff.
+
+    ``parent_hash``: publish only on that head (a rewrite that kept the head's
+    statements, :func:`publish_relayout`; skipped if another version came first).
+
+    Called by ``export_index`` after ``index.json`` was written. Skips (returns
+    without a version) when nothing changed since the head. The diff is
+    computed first and its hash goes into the manifest; the files are
+    written in an order a crash cannot make inconsistent: diff and manifest
+    (paths unique to this publisher), then the chain entry (put-if-absent:
+    the serialization point), then the Delta tag and the pointers. A
+    publisher that loses the race for a sequence number removes its files
+    and rebuilds on the new head; after :data:`PUBLISH_ATTEMPTS` it fails
+    with :class:`ConcurrentWriteError`.
+    """
+    result = PublishResult()
+    for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+        result.attempts = attempt
+        parent = head(ds)
+        if parent is not None:
+            _finish(ds, parent)  # a publisher that died after its chain entry
+        if parent_hash is not None and (parent is None or parent.hash != parent_hash):
+            result.skipped = "another version was published meanwhile"
+            return result
+        manifest = build_manifest(
+            ds,
+            snapshot,
+            parent,
+            index_text=index_text,
+            statements_fresh=statements_fresh,
+            metadata=metadata,
+            known_exports=known_exports,
+            logical=logical,
+        )
+        if unchanged(manifest, parent):
+            result.skipped = f"nothing changed since version {parent.sequence if parent else 0}"
+            return result
+        created = datetime.fromisoformat(manifest["created_at"])
+        with tempfile.TemporaryDirectory(dir=scratch_dir(ds.settings), prefix="diff-") as tmp:
+            diff_file = Path(tmp) / "diff.json"
+            try:
+                old = snapshot_at(ds, parent) if parent is not None else None
+            except (VersionExpiredError, VersionDamagedError) as exc:
+                manifest["diff"] = {"skipped": str(exc)}
+            else:
+                with diff_file.open("wb") as fh:
+                    sink = _Digest(fh)
+                    if old is None and entities_fresh:  # every entity is new: the export
+                        counts = diff_from_export(ds, sink)
+                    else:
+                        counts = render_diff(ds, old, snapshot, sink)
+                manifest["diff"] = {
+                    "path": diff_path(ds.name, manifest["snapshot_id"]).split("/", 1)[1],
+                    "size": sink.size,
+                    "sha256": sink.sha256.hexdigest(),
+                    "counts": counts,
+                }
+            path = cv.dataset_version(ds.name, MANIFEST, created)
+            digest = manifest_hash(manifest)
+            written = [path, cv.dataset_version(ds.name, cv.INDEX, created)]
+            if "path" in manifest["diff"]:
+                written.append(cv.dataset_path(ds.name, manifest["diff"]["path"]))
+                ds.store.put_file(written[-1], diff_file)
+        ds.store.write_text(written[1], index_text)
+        ds.store.put_if_absent(path, json.dumps(manifest, indent=1, ensure_ascii=False).encode())
+        faults.point("publish.after_files")
+        entry = {"sequence": manifest["sequence"], "path": path, "hash": digest}
+        if not ds.store.put_if_absent(
+            chain_entry_path(ds.name, manifest["sequence"]), canonical_json(entry)
+        ):
+            log.info(
+                "%s: version %d was published by another writer; retrying on it",
+                ds.name,
+                manifest["sequence"],
+            )
+            for stale in written:
+                ds.store.delete(stale)
+            continue
+        faults.point("publish.after_entry")
+        version = Version(manifest["sequence"], path, digest, manifest)
+        _finish(ds, version)
+        result.version = version
+        result.diff = manifest["diff"]
+        ds.lake.write_catalog(snapshot=True)
+        return result
+    raise ConcurrentWriteError(
+        f"Dataset {ds.name!r}: lost the race to publish a version {PUBLISH_ATTEMPTS} times; "
+        "run `make` again"
+    )
+
+
+def publish_relayout(
+    ds: Dataset, snapshot: DatasetSnapshot, parent: Version, operation: str
+) -> PublishResult:
+    """Publish ``snapshot``, a rewrite of ``parent``'s tables that kept every live
+    statement (compact, optimize), so that the files readers now read are
+    covered by the head: the parent's logical hash, exports and ``index.json``
+    carried over (the exports render the same statements), the new files
+    hashed. Skipped when another version was published meanwhile, or when the
+    parent's published ``index.json`` is not what it recorded (verify says so).
+    """
+    published = next((e for e in parent.manifest["exports"] if e["kind"] == "index"), None)
+    copy = cv.dataset_version(ds.name, cv.INDEX, parent.created_at)
+    if published is None or not ds.store.exists(copy) or sha256_of(ds, copy) != published["sha256"]:
+        return PublishResult(
+            skipped=f"version {parent.sequence}'s index.json is missing or altered: "
+            "run `lakehouse verify`"
+        )
+    # the hashes the parent recorded (a file altered since keeps failing verify)
+    known: dict[str, Any] = {
+        e["path"]: {"path": e["path"], "size": e["size"], "sha256": e["sha256"]}
+        for e in parent.manifest["exports"]
+        if e["kind"] != "index"
+    }
+    return publish(
+        ds,
+        snapshot,
+        index_text=ds.store.read_text(copy),
+        statements_fresh=False,
+        metadata={"operation": operation},
+        known_exports=known,
+        logical=str(parent.manifest["logical_hash"]),
+        parent_hash=parent.hash,
+    )
+
+
+def published_intact(ds: Dataset, kind: str) -> bool:
+    """Whether the export ``kind`` (or the live ``index.json``) is byte for byte
+    what the head's manifest recorded: the condition, beside the tags, for an
+    export to count as fresh. Tags are lake files like any other, so they
+    never excuse a difference; an export the head does not list (written
+    after it) is not fresh either. With nothing published, nothing to hold
+    the file to: the tags decide, and the first version records it.
+    """
+    from lakehouse_assets.freshness import EXPORTS, INDEX
+
+    try:
+        version = head(ds)
+    except (LakehouseError, ValueError, KeyError):
+        return False
+    if version is None:
+        return True
+    rel = EXPORTS[kind][0]
+    entry = next((e for e in version.manifest.get("exports", []) if e["path"] == rel), None)
+    full = cv.dataset_path(ds.name, rel)
+    if entry is None or not ds.store.exists(full) or ds.store.size(full) != entry["size"]:
+        return False
+    if kind == INDEX:  # and the pointer names the head (make writes it again)
+        latest = latest_path(ds.name)
+        if not ds.store.exists(latest):
+            return False
+        try:
+            if json.loads(ds.store.read_text(latest)).get("hash") != version.hash:
+                return False
+        except (ValueError, AttributeError):
+            return False
+    return sha256_of(ds, full) == str(entry["sha256"])
+
+
+def covers(version: Version, snapshot: DatasetSnapshot) -> bool:
+    """Whether ``version``'s manifest names exactly the data files of ``snapshot``."""
+    files = table_files(version.manifest)
+    return files.get("statements", set()) == {
+        f.path for f in snapshot.statements.files
+    } and files.get("translog", set()) == {f.path for f in snapshot.translog.files}
+
+
+def _finish(ds: Dataset, version: Version) -> None:
+    """What follows a chain entry, idempotent: the Delta tag, the diffs' index, latest."""
+    _tag_delta(ds, version)
+    faults.point("publish.after_tag")
+    index_path = diff_index_path(ds.name)
+    index: dict[str, Any] = (
+        json.loads(ds.store.read_text(index_path))
+        if ds.store.exists(index_path)
+        else {"dataset": ds.name, "format": "entities.ftm.json delta", "diffs": []}
+    )
+    if not any(d["sequence"] == version.sequence for d in index["diffs"]):
+        index["diffs"].append(
+            {
+                "sequence": version.sequence,
+                "snapshot_id": version.snapshot_id,
+                "version_hash": version.hash,
+                "parent_sequence": version.sequence - 1 if version.sequence > 1 else None,
+                "parent_hash": version.manifest["parent_hash"],
+                **version.manifest.get("diff", {}),
+            }
+        )
+        index["diffs"].sort(key=lambda d: d["sequence"])
+        ds.store.write_text(index_path, json.dumps(index, indent=1))
+    # the live index.json is the head's, written only here (after the chain entry)
+    published = next((e for e in version.manifest["exports"] if e["kind"] == "index"), None)
+    live = cv.dataset_path(ds.name, cv.INDEX)
+    if published is not None and (
+        not ds.store.exists(live) or sha256_of(ds, live) != published["sha256"]
+    ):
+        copy = cv.dataset_version(ds.name, cv.INDEX, version.created_at)
+        if ds.store.exists(copy):
+            ds.store.write_bytes(live, ds.store.read_bytes(copy))
+    latest = latest_path(ds.name)
+    current = json.loads(ds.store.read_text(latest)) if ds.store.exists(latest) else None
+    if current is None or int(current["sequence"]) < version.sequence:
+        entry = {"sequence": version.sequence, "path": version.path, "hash": version.hash}
+        ds.store.write_text(latest, json.dumps(entry))
+
+
+def _tag_delta(ds: Dataset, version: Version) -> None:
+    """The translog commit that carries ``version``'s manifest hash (idempotent)."""
+    location = ds.translog_table
+    table = location.table()
+    if table is None:
+        return
+    done = table.transaction_version(VERSION_APP_ID)
+    if done is not None and done >= version.sequence:
+        return
+    with ds.table_lock("publish"):
+        commit(
+            location,
+            [],
+            schema=TRANSLOG_SCHEMA,
+            app_id=VERSION_APP_ID,
+            app_version=version.sequence,
+            metadata={META_HASH: version.hash, META_SEQUENCE: version.sequence},
+            publishes=_published(location),
+        )
+
+
+def _published(location: DeltaLocation) -> int | None:
+    from lakehouse_assets.tables.delta import PUBLISHED_APP_ID
+
+    table = location.table()
+    return None if table is None else table.transaction_version(PUBLISHED_APP_ID)
+
+
+def delta_tags(ds: Dataset) -> dict[int, str]:
+    """sequence → manifest hash, as the translog's commit metadata records them."""
+    table = ds.translog_table.table()
+    if table is None:
+        return {}
+    found: dict[int, str] = {}
+    for info in table.history():
+        if META_HASH in info and META_SEQUENCE in info:
+            found[int(info[META_SEQUENCE])] = str(info[META_HASH])
+    return found
