@@ -4,7 +4,7 @@ Every long operation (flush, export, make, compact, optimize, mapping, crawl)
 says what it is doing on the ``lakehouse_assets.progress`` logger: a stage
 name and its counts (``flush acme: batch 2/4: 512,300 journal rows``). The
 CLI shows that logger on stderr (its other loggers only with ``-v``); Dagster
-runs show it in the run's log. Where a Spark job runs, :func:`watch_spark`
+runs show it in the run's log. Where a Spark job runs, :func:`~lakehouse_assets.spark.session.watch_spark`
 adds the tasks done of the running stages, from Spark's status tracker (in
 process) or the progress handler of a Spark Connect session.
 """
@@ -13,17 +13,10 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 import time
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+from typing import Any
 
 log = logging.getLogger("lakehouse_assets.progress")
-
-#: Seconds between two lines about the same running Spark stage.
-SPARK_INTERVAL = 5.0
 
 
 def stage(message: str, *args: object) -> None:
@@ -44,68 +37,6 @@ class Steps:
         now = time.monotonic()
         self.logger.info("%s: " + message + " (%.2f s)", self.what, *args, now - self.clock)
         self.clock = now
-
-
-class _Throttle:
-    """Lets a line through when its text changed and ``SPARK_INTERVAL`` has passed."""
-
-    def __init__(self) -> None:
-        self.last = ""
-        self.when = 0.0
-
-    def __call__(self, text: str) -> None:
-        now = time.monotonic()
-        if text != self.last and now - self.when >= SPARK_INTERVAL:
-            self.last, self.when = text, now
-            log.info("spark: %s", text)
-
-
-def watch_spark(spark: SparkSession) -> None:
-    """Report Spark's running stages (tasks done / total) on the progress logger
-    while this process lives; once per session."""
-    if getattr(spark, "_lakehouse_progress", False):
-        return
-    from lakehouse_assets.spark.session import is_connect
-
-    throttle = _Throttle()
-    try:
-        spark._lakehouse_progress = True  # type: ignore[attr-defined]
-    except AttributeError:  # a session object that takes no attributes: no progress
-        return
-    if is_connect(spark):
-        register = getattr(spark, "registerProgressHandler", None)
-        if register is None:
-            return
-
-        def handler(stages: Any = None, inflight_tasks: int = 0, **_: Any) -> None:
-            if not stages:
-                return
-            done = sum(int(getattr(s, "num_completed_tasks", 0)) for s in stages)
-            total = sum(int(getattr(s, "num_tasks", 0)) for s in stages)
-            if total:
-                throttle(
-                    f"{done}/{total} tasks of {len(stages)} stage(s), {inflight_tasks} running"
-                )
-
-        register(handler)
-        return
-    tracker = spark.sparkContext.statusTracker()
-
-    def poll() -> None:
-        while spark.sparkContext._jsc is not None:
-            try:
-                infos = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
-            except Exception:  # noqa: BLE001 - the JVM is going away
-                return
-            running = [i for i in infos if i is not None]
-            if running:
-                done = sum(i.numCompletedTasks for i in running)
-                total = sum(i.numTasks for i in running)
-                active = sum(i.numActiveTasks for i in running)
-                throttle(f"{done}/{total} tasks of {len(running)} stage(s), {active} running")
-            time.sleep(1.0)
-
-    threading.Thread(target=poll, name="lakehouse-spark-progress", daemon=True).start()
 
 
 class Formatter(logging.Formatter):

@@ -24,11 +24,13 @@ import re
 import shutil
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from lakehouse_assets import progress
 from lakehouse_assets.errors import ConfigurationError
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.spark.java import require_java
@@ -103,6 +105,70 @@ def is_connect(spark: SparkSession) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
+#: Seconds between two lines about the same running Spark stage.
+SPARK_INTERVAL = 5.0
+
+
+class _Throttle:
+    """Lets a line through when its text changed and ``SPARK_INTERVAL`` has passed."""
+
+    def __init__(self) -> None:
+        self.last = ""
+        self.when = 0.0
+
+    def __call__(self, text: str) -> None:
+        now = time.monotonic()
+        if text != self.last and now - self.when >= SPARK_INTERVAL:
+            self.last, self.when = text, now
+            progress.log.info("spark: %s", text)
+
+
+def watch_spark(spark: SparkSession) -> None:
+    """Report Spark's running stages (tasks done / total) on the progress logger
+    while this process lives; once per session."""
+    if getattr(spark, "_lakehouse_progress", False):
+        return
+    throttle = _Throttle()
+    try:
+        spark._lakehouse_progress = True  # type: ignore[attr-defined]
+    except AttributeError:  # a session object that takes no attributes: no progress
+        return
+    if is_connect(spark):
+        register = getattr(spark, "registerProgressHandler", None)
+        if register is None:
+            return
+
+        def handler(stages: Any = None, inflight_tasks: int = 0, **_: Any) -> None:
+            if not stages:
+                return
+            done = sum(int(getattr(s, "num_completed_tasks", 0)) for s in stages)
+            total = sum(int(getattr(s, "num_tasks", 0)) for s in stages)
+            if total:
+                throttle(
+                    f"{done}/{total} tasks of {len(stages)} stage(s), {inflight_tasks} running"
+                )
+
+        register(handler)
+        return
+    tracker = spark.sparkContext.statusTracker()
+
+    def poll() -> None:
+        while spark.sparkContext._jsc is not None:
+            try:
+                infos = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+            except Exception:  # noqa: BLE001 - the JVM is going away
+                return
+            running = [i for i in infos if i is not None]
+            if running:
+                done = sum(i.numCompletedTasks for i in running)
+                total = sum(i.numTasks for i in running)
+                active = sum(i.numActiveTasks for i in running)
+                throttle(f"{done}/{total} tasks of {len(running)} stage(s), {active} running")
+            time.sleep(1.0)
+
+    threading.Thread(target=poll, name="lakehouse-spark-progress", daemon=True).start()
+
+
 def _usable(session: SparkSession) -> bool:
     if is_connect(session):
         return not getattr(session, "is_stopped", False)
@@ -142,10 +208,8 @@ def get_spark(settings: Settings | None = None) -> SparkSession:
             )
         session = _connect(settings) if remote else _start_local(settings)
         _sessions[key] = session
-        from lakehouse_assets import progress
-
         if progress.log.isEnabledFor(logging.INFO):
-            progress.watch_spark(session)
+            watch_spark(session)
         return session
 
 
