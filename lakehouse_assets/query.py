@@ -13,7 +13,7 @@ connection set-up alone cost more than the whole pyarrow path.)
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,7 @@ from followthemoney.statement.entity import StatementEntity
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import InvalidInputError, SourceNotFoundError
 from lakehouse_assets.journal import BUCKETS, bucket_of, statement_from_mapping
+from lakehouse_assets.spark.sql import csv_line_sql
 from lakehouse_assets.tables.lookups import point_lookup
 from lakehouse_assets.tables.schemas import (
     STATEMENT_FIELDS,
@@ -309,22 +310,6 @@ def sorted_live_batches(
             yield batch.cast(LIVE_SCHEMA) if batch.schema != LIVE_SCHEMA else batch
     finally:
         con.close()
-
-
-def csv_line_sql(column: Callable[[str], str]) -> str:
-    """A statement as followthemoney's ``CSVStatementWriter`` writes it (every field
-    quoted, ``"`` doubled, booleans ``t``/``f``), without the line end, as SQL
-    that DuckDB and Spark both run; ``column`` names each column's expression."""
-    from followthemoney.statement.serialize import CSV_COLUMNS
-
-    def field(name: str) -> str:
-        if name == "external":
-            value = f"CASE WHEN {column(name)} THEN 't' ELSE 'f' END"
-        else:
-            value = f"coalesce({column(name)}, '')"
-        return f"""'"' || replace({value}, '"', '""') || '"'"""
-
-    return " || ',' || ".join(field(c) for c in CSV_COLUMNS)
 
 
 def csv_header() -> bytes:

@@ -102,7 +102,7 @@ def csv_line() -> Column:
     the line end (the writers add ``\\n``): the SQL DuckDB renders it with too."""
     from pyspark.sql import functions as F
 
-    from lakehouse_assets.query import csv_line_sql
+    from lakehouse_assets.spark.sql import csv_line_sql
 
     return F.expr(csv_line_sql(lambda name: name)).alias("line")
 

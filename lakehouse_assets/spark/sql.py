@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import Column
 
 
@@ -30,3 +32,19 @@ def statement_key() -> Column:
         F.when(F.col("external"), F.lit(".ext")).otherwise(F.lit("")),
     )
     return F.sha1(key.cast("binary"))
+
+
+def csv_line_sql(column: Callable[[str], str]) -> str:
+    """A statement as followthemoney's ``CSVStatementWriter`` writes it (every field
+    quoted, ``"`` doubled, booleans ``t``/``f``), without the line end, as SQL
+    that DuckDB and Spark both run; ``column`` names each column's expression."""
+    from followthemoney.statement.serialize import CSV_COLUMNS
+
+    def field(name: str) -> str:
+        if name == "external":
+            value = f"CASE WHEN {column(name)} THEN 't' ELSE 'f' END"
+        else:
+            value = f"coalesce({column(name)}, '')"
+        return f"""'"' || replace({value}, '"', '""') || '"'"""
+
+    return " || ',' || ".join(field(c) for c in CSV_COLUMNS)
