@@ -279,11 +279,12 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     Its URL carries the server's token (read from its owner-only file): the
     tests' lakes and children use other cache folders than the server's."""
+    from lakehouse_assets.lake import warm_up
     from lakehouse_assets.spark import connect
 
     settings = Settings(cache_dir=str(tmp_path_factory.mktemp("connect-server")), **TEST_SPARK)
     port = free_port()
-    info = connect.start(settings, port)
+    info = connect.start(settings, port, warm_up=warm_up)
     assert info.running and info.url
     yield connect.client_url(settings, port)
     connect.stop(settings, port)

@@ -60,9 +60,10 @@ def spark_start(obj: Context, port: int | None) -> None:
     Example:
       lakehouse spark start --port 15002
     """
+    from lakehouse_assets.lake import warm_up
     from lakehouse_assets.spark import connect
 
-    click.echo(_server_line(connect.start(obj.settings, port)))
+    click.echo(_server_line(connect.start(obj.settings, port, warm_up=warm_up)))
 
 
 @spark_group.command("prepare")

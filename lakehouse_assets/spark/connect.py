@@ -47,6 +47,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -445,8 +446,18 @@ def require_current_code(settings: Settings, host: str, port: int) -> None:
         raise ConfigurationError(stale_code_message(port))
 
 
-def start(settings: Settings, port: int | None = None, *, timeout: float = 180.0) -> ServerInfo:
-    """Start the local server (or find it running) and wait until it answers a query."""
+def start(
+    settings: Settings,
+    port: int | None = None,
+    *,
+    timeout: float = 180.0,
+    warm_up: Callable[[str, Settings], None] | None = None,
+) -> ServerInfo:
+    """Start the local server (or find it running) and wait until it answers a query.
+
+    ``warm_up(url, settings)``, when given, then runs real jobs on the new server
+    (the caller's, e.g. :func:`lakehouse_assets.lake.warm_up`): this module sits
+    below the lakehouse's operations and does not import them."""
     port = port or settings.spark_connect_port
     current = status(settings, port)
     if current.running:
@@ -534,20 +545,16 @@ def start(settings: Settings, port: int | None = None, *, timeout: float = 180.0
             )
         time.sleep(0.2)
     try:
-        _warm_up(f"sc://127.0.0.1:{port}", settings)
+        _warm_up(f"sc://127.0.0.1:{port}", settings, warm_up)
     except Exception as exc:  # noqa: BLE001 - a failed warm-up only costs the first job time
         logger.warning("the Spark Connect server answers, but its warm-up failed: %s", exc)
     return status(settings, port)
 
 
-def _warm_up(url: str, settings: Settings) -> None:
-    """Run once what every real job runs, on a throwaway lake, so no user pays for
-    the first time: a flush (the journal data source, reduce, Spark's Parquet
-    writer, delta-rs commits) and the exports. On a fresh server the first
-    flush of 26k journal rows took 17 s, the next ones 4 s: JIT compilation,
-    class loading and Python workers, not data."""
-    import tempfile
-
+def _warm_up(url: str, settings: Settings, jobs: Callable[[str, Settings], None] | None) -> None:
+    """Run once what every real job runs, so no user pays for the first time: a
+    query here, then ``jobs`` (the caller's flush and exports on a throwaway
+    lake, see :func:`lakehouse_assets.lake.warm_up`)."""
     from pyspark.sql import SparkSession
 
     session = SparkSession.builder.remote(authenticated_url(settings, url)).create()
@@ -555,18 +562,8 @@ def _warm_up(url: str, settings: Settings) -> None:
         session.range(1).count()
     finally:
         session.stop()
-    from lakehouse_assets.lake import Lakehouse
-
-    with tempfile.TemporaryDirectory(prefix="warm-up-", dir=settings.cache_path) as tmp:
-        lake = Lakehouse(
-            str(Path(tmp) / "lake"),
-            settings=settings.model_copy(update={"spark_remote": url, "journal_url": None}),
-        )
-        ds = lake.create_dataset("warm_up")
-        sample = Path(__file__).parent.parent / "sample" / "entities.ftm.json"
-        with sample.open("rb") as fh:
-            ds.write_entities(fh, origin="warm_up")
-        ds.make()
+    if jobs is not None:
+        jobs(url, settings)
 
 
 def stop(settings: Settings, port: int | None = None, *, grace: float = 30.0) -> ServerInfo:
