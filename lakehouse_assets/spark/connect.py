@@ -79,6 +79,14 @@ logger.sessionholder.level = warn
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
+def local_auth(settings: Settings) -> dict[str, str]:
+    """Authentication of the driver's own RPC and block-transfer ports (random
+    ports on loopback, which take Java-serialized messages from any local user
+    otherwise): a local master draws the secret itself. A cluster master needs
+    its secret configured (spark_config), so it is left alone."""
+    return {"spark.authenticate": "true"} if settings.spark_master.startswith("local") else {}
+
+
 def log4j_config(settings: Settings) -> Path:
     """The quiet log4j2 configuration file (written once into the cache folder)."""
     path = settings.cache_path / "log4j2.properties"
@@ -344,8 +352,6 @@ def server_confs(settings: Settings, port: int, folder: Path) -> dict[str, str]:
         **binding,
         "spark.connect.grpc.binding.port": str(port),
     }
-    from lakehouse_assets.spark.session import local_auth
-
     return {**local_auth(settings), **confs}
 
 

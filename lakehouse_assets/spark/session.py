@@ -65,7 +65,7 @@ def sql_conf(settings: Settings) -> dict[str, str]:
 def spark_conf(settings: Settings) -> dict[str, str]:
     """The configuration of an in-process Spark."""
     from lakehouse_assets.spark.cds import java_options
-    from lakehouse_assets.spark.connect import log4j_config
+    from lakehouse_assets.spark.connect import local_auth, log4j_config
 
     scratch = scratch_dir(settings)
     return {
@@ -90,14 +90,6 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         **sql_conf(settings),
         **settings.spark_config,
     }
-
-
-def local_auth(settings: Settings) -> dict[str, str]:
-    """Authentication of the driver's own RPC and block-transfer ports (random
-    ports on loopback, which take Java-serialized messages from any local user
-    otherwise): a local master draws the secret itself. A cluster master needs
-    its secret configured (spark_config), so it is left alone."""
-    return {"spark.authenticate": "true"} if settings.spark_master.startswith("local") else {}
 
 
 def is_connect(spark: SparkSession) -> bool:
