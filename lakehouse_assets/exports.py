@@ -66,13 +66,10 @@ from lakehouse_assets.spark import ftm_sql
 from lakehouse_assets.spark.session import get_spark, partitions_for, ranged
 from lakehouse_assets.storage import LocalStore
 from lakehouse_assets.tables.schemas import (
-    STATEMENT_FIELDS,
     STATEMENTS_PARTITION,
-    STATEMENTS_SCHEMA,
-    TRANSLOG_SCHEMA,
 )
 from lakehouse_assets.tables.snapshot import DatasetSnapshot, arrow_filesystem
-from lakehouse_assets.tables.spark_io import read_snapshot
+from lakehouse_assets.tables.spark_io import live_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -137,42 +134,6 @@ def stamp(read: dict[str, datetime | None]) -> datetime:
 
 
 # --- reading live statements in Spark ---------------------------------------
-
-
-def live_frame(
-    spark: SparkSession, ds: Dataset, snapshot: DatasetSnapshot | None = None
-) -> DataFrame:
-    """Live statements of one snapshot: main rows not deleted in the translog,
-    seen range from it."""
-    from pyspark.sql import functions as F
-
-    snapshot = snapshot or ds.snapshot()
-    options = ds.statements_table.storage_options
-    main = read_snapshot(
-        spark,
-        snapshot.statements.files,
-        STATEMENTS_SCHEMA,
-        options,
-        partition=STATEMENTS_PARTITION,
-    )
-    log = read_snapshot(spark, snapshot.translog.files, TRANSLOG_SCHEMA, options).select(
-        "origin",
-        "id",
-        F.col("first_seen").alias("t_first"),
-        F.col("last_seen").alias("t_last"),
-        "deleted_at",
-    )
-    return (
-        main.join(log, ["origin", "id"], "left")
-        .where(F.col("deleted_at").isNull())
-        .select(
-            *[c for c in STATEMENT_FIELDS if c not in ("first_seen", "last_seen")],
-            F.coalesce("t_first", "first_seen").alias("first_seen"),
-            F.coalesce("t_last", "last_seen").alias("last_seen"),
-            "bucket",
-            "origin",
-        )
-    )
 
 
 # --- the Spark pass ----------------------------------------------------------

@@ -26,14 +26,13 @@ from deltalake import CommitProperties
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, progress, staging
 from lakehouse_assets.errors import InvalidInputError
-from lakehouse_assets.exports import live_frame
 from lakehouse_assets.locks import Fence
 from lakehouse_assets.settings import MAX_RETENTION_HOURS
 from lakehouse_assets.spark.session import get_spark, partitions_for, ranged
 from lakehouse_assets.tables.delta import DeltaLocation, commit, remove_action
 from lakehouse_assets.tables.schemas import STATEMENTS_PARTITION, STATEMENTS_SCHEMA, TRANSLOG_SCHEMA
 from lakehouse_assets.tables.snapshot import DataFile, DatasetSnapshot, Snapshot
-from lakehouse_assets.tables.spark_io import read_snapshot, write_files
+from lakehouse_assets.tables.spark_io import live_frame, read_snapshot, write_files
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.defs.batch import check_results, for_each_dataset
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import SourceNotFoundError
-from lakehouse_assets.exports import live_frame
 from lakehouse_assets.lake import Dataset
 from lakehouse_assets.tables.snapshot import DatasetSnapshot
+from lakehouse_assets.tables.spark_io import live_frame
 
 #: How many offending examples a failed check shows.
 EXAMPLES = 10

@@ -43,12 +43,22 @@ from deltalake.transaction import AddAction
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from lakehouse_assets.tables.delta import file_stats, unique_file_name
-from lakehouse_assets.tables.schemas import partition_dir, physical_schema
+from lakehouse_assets.tables.schemas import (
+    STATEMENT_FIELDS,
+    STATEMENTS_PARTITION,
+    STATEMENTS_SCHEMA,
+    TRANSLOG_SCHEMA,
+    partition_dir,
+    physical_schema,
+)
 from lakehouse_assets.tables.snapshot import DataFile, arrow_filesystem
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
+
+    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.tables.snapshot import DatasetSnapshot
 
 #: Row groups of at most this many rows keep point reads (get entity) cheap: the
 #: files are sorted by their lookup keys, so min/max names the one or two row
@@ -465,3 +475,39 @@ def write_parquet(
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def live_frame(
+    spark: SparkSession, ds: Dataset, snapshot: DatasetSnapshot | None = None
+) -> DataFrame:
+    """Live statements of one snapshot: main rows not deleted in the translog,
+    seen range from it."""
+    from pyspark.sql import functions as F
+
+    snapshot = snapshot or ds.snapshot()
+    options = ds.statements_table.storage_options
+    main = read_snapshot(
+        spark,
+        snapshot.statements.files,
+        STATEMENTS_SCHEMA,
+        options,
+        partition=STATEMENTS_PARTITION,
+    )
+    log = read_snapshot(spark, snapshot.translog.files, TRANSLOG_SCHEMA, options).select(
+        "origin",
+        "id",
+        F.col("first_seen").alias("t_first"),
+        F.col("last_seen").alias("t_last"),
+        "deleted_at",
+    )
+    return (
+        main.join(log, ["origin", "id"], "left")
+        .where(F.col("deleted_at").isNull())
+        .select(
+            *[c for c in STATEMENT_FIELDS if c not in ("first_seen", "last_seen")],
+            F.coalesce("t_first", "first_seen").alias("first_seen"),
+            F.coalesce("t_last", "last_seen").alias("last_seen"),
+            "bucket",
+            "origin",
+        )
+    )
