@@ -158,7 +158,7 @@ def _live_keys(rows: pa.Table) -> pa.Table:
 def update(ds: Dataset) -> GraphResult:
     """Bring the index up to the current snapshot: append new edges, tombstone
     removed ones (a rebuild if there is no index, or a rebuild was cut off)."""
-    from lakehouse_assets.versions import changed_translog_rows
+    from lakehouse_assets.tables.changes import changed_translog_rows
 
     clock = time.monotonic()
     with ds.table_lock("graph"):

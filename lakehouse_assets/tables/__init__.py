@@ -10,6 +10,7 @@ see :mod:`.schemas`). The modules, by concern, from the bottom up:
 - :mod:`.snapshot`: what a reader sees (:class:`~.snapshot.DatasetSnapshot`),
   the files of a version, pyarrow filesystems, datasets and cached footers;
 - :mod:`.lookups`: point lookups of a few rows by their keys;
+- :mod:`.changes`: the translog rows that differ between two snapshots;
 - :mod:`.spark_io`: Spark's reads of snapshots and writes of table files
   (imported by its full path only: it imports pyspark).
 

@@ -71,6 +71,7 @@ from lakehouse_assets.conventions import (
     diff_path,
     latest_path,
 )
+from lakehouse_assets.tables.changes import changed_translog_rows
 from lakehouse_assets.versions.asof import (
     VersionDamagedError,
     VersionExpiredError,
@@ -86,7 +87,6 @@ from lakehouse_assets.versions.chain import (
 )
 from lakehouse_assets.versions.coverage import vacuum_ran
 from lakehouse_assets.versions.diffs import (
-    changed_translog_rows,
     diff_from_export,
     entity_changes,
     render_diff,

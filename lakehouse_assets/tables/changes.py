@@ -1,0 +1,68 @@
+"""The change rows between two versions of a dataset's tables.
+
+:func:`changed_translog_rows` reads only the translog files one snapshot has
+and the other has not, and keeps the rows that differ: what the version diffs
+(:mod:`lakehouse_assets.versions.diffs`) and the graph index's updates
+(:mod:`lakehouse_assets.graph.index`) both start from. It lives with the
+tables, below both, because it is about the tables' rows, not about versions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
+from lakehouse_assets.tables.snapshot import DatasetSnapshot, arrow_dataset
+
+if TYPE_CHECKING:
+    from lakehouse_assets.lake import Dataset
+
+
+def changed_translog_rows(
+    ds: Dataset, old: DatasetSnapshot | None, new: DatasetSnapshot
+) -> tuple[pa.Table, pa.Table]:
+    """Translog rows (origin, id, bucket) that differ between two snapshots.
+
+    Only the files one snapshot has and the other has not are read (the
+    translog is rewritten a bucket range at a time), and rows equal on both
+    sides are dropped, so compact and optimize produce no changes.
+    Returns (rows of the new side, rows of the old side).
+    """
+    options = ds.statements_table.storage_options
+    old_files = {f.path: f for f in (old.translog.files if old else ())}
+    new_files = {f.path: f for f in new.translog.files}
+    added = [f for p, f in new_files.items() if p not in old_files]
+    removed = [f for p, f in old_files.items() if p not in new_files]
+    new_side = arrow_dataset(added, TRANSLOG_SCHEMA, options)  # noqa: F841 (DuckDB reads it)
+    old_side = arrow_dataset(removed, TRANSLOG_SCHEMA, options)  # noqa: F841
+    # timestamps compared with NULL as '' (a live row, deleted_at NULL, equals itself);
+    # DuckDB's parallel hash join: pyarrow's took 21 s of a 10M-row diff, this ~3 s
+    cols = ["origin", "id", "bucket", "deleted_at", "first_seen", "last_seen"]
+    times = ("deleted_at", "first_seen", "last_seen")
+
+    def side(name: str, alias: str) -> str:
+        fields = ", ".join(f"coalesce({c}, '') AS {c}" if c in times else c for c in cols)
+        return f"{alias} AS (SELECT {fields} FROM {name})"
+
+    differs = " OR ".join(f"n.{c} <> o.{c}" for c in cols if c not in ("origin", "id"))
+    picked = ", ".join([*(f"n.{c} AS n_{c}" for c in cols), *(f"o.{c} AS o_{c}" for c in cols)])
+    con = duckdb.connect(config={"threads": 2})
+    try:
+        changed = con.execute(
+            f"WITH {side('new_side', 'n')}, {side('old_side', 'o')} "
+            f"SELECT {picked} FROM n FULL OUTER JOIN o ON n.origin = o.origin AND n.id = o.id "
+            f"WHERE n.id IS NULL OR o.id IS NULL OR {differs}"
+        ).to_arrow_table()
+    finally:
+        con.close()
+    schema = pa.schema([pa.field(c, TRANSLOG_SCHEMA.field(c).type) for c in cols])
+
+    def rows(prefix: str) -> pa.Table:
+        present = changed.filter(pc.is_valid(changed.column(f"{prefix}_id")))
+        return pa.table([present.column(f"{prefix}_{c}") for c in cols], names=cols).cast(schema)
+
+    return rows("n"), rows("o")
