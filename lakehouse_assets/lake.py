@@ -518,20 +518,43 @@ class Dataset:
         as_of: str | int | None = None,
     ) -> Iterator[StatementEntity]:
         """Entities matching the filters (see :func:`lakehouse_assets.query.query`):
-        ``schemata`` is read from the tables, ``q`` (ftmq) checked on each entity."""
-        from lakehouse_assets.query import query
+        ``schemata`` is read from the tables, ``q`` (ftmq) checked on each entity.
+
+        ``as_of`` reads a published version (a sequence number, snapshot id or
+        time; see :func:`lakehouse_assets.versions.resolve`) and never flushes.
+        Otherwise flushes the journal first unless ``flush=False`` (then
+        unflushed writes are not visible); see :meth:`_read_snapshot`."""
+        from lakehouse_assets.query import check_schemata, query
 
         for entity_id in entity_ids or ():
             cv.entity_id(entity_id)
-        return query(
-            self,
-            q,
-            entity_ids=entity_ids,
-            origin=origin,
-            schemata=schemata,
-            flush=flush,
-            as_of=as_of,
-        )
+
+        def read() -> Iterator[StatementEntity]:  # lazy, as the read itself
+            check_schemata(self, schemata)
+            snapshot = self._read_snapshot(flush=flush, as_of=as_of)
+            yield from query(
+                self, q, entity_ids=entity_ids, origin=origin, schemata=schemata, snapshot=snapshot
+            )
+
+        return read()
+
+    def _read_snapshot(self, *, flush: bool, as_of: str | int | None) -> DatasetSnapshot | None:
+        """What a read sees, decided here and not by the reads (a read never
+        flushes): the snapshot of the published version ``as_of`` names, or
+        (``None``) the current tables, after a flush of the journal unless
+        ``flush=False``. If another writer holds the dataset's lock for longer
+        than ``LAKEHOUSE_READ_WAIT_SECONDS``, the read gets the current snapshot
+        instead (and the log says how many journal rows are pending): a reader
+        never fails because of a writer."""
+        if as_of is not None:
+            from lakehouse_assets.versions import version_snapshot
+
+            return version_snapshot(self, as_of)
+        if flush:
+            from lakehouse_assets.flush import flush_for_reading
+
+            flush_for_reading(self, wait=self.settings.read_wait_seconds)
+        return None
 
     def get_entity(
         self,
@@ -544,12 +567,17 @@ class Dataset:
         from lakehouse_assets.query import get_entity
 
         cv.entity_id(entity_id)
-        return get_entity(self, entity_id, origin=origin, flush=flush, as_of=as_of)
+        snapshot = self._read_snapshot(flush=flush, as_of=as_of)
+        return get_entity(self, entity_id, origin=origin, snapshot=snapshot)
 
     def stream_entities(self, as_of: str | int | None = None) -> Iterator[dict[str, Any]]:
         from lakehouse_assets.query import stream_entities
 
-        return stream_entities(self, as_of=as_of)
+        def read() -> Iterator[dict[str, Any]]:  # lazy, as the read itself
+            snapshot = None if as_of is None else self._read_snapshot(flush=False, as_of=as_of)
+            yield from stream_entities(self, snapshot=snapshot)
+
+        return read()
 
     # --- versions (see lakehouse_assets.versions) ---
 

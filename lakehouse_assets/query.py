@@ -417,6 +417,15 @@ def aggregate(dataset: str, statements: Iterable[Statement]) -> Iterator[Stateme
         yield StatementEntity.from_statements(meta, current)
 
 
+def check_schemata(ds: Dataset, schemata: Collection[str] | None) -> frozenset[str]:
+    """The schema names a read keeps, each checked against the FtM model."""
+    wanted = frozenset(schemata or ())
+    for name in sorted(wanted):
+        if model.get(name) is None:
+            raise InvalidInputError(f"Dataset {ds.name!r}: unknown FtM schema {name!r}")
+    return wanted
+
+
 def query(
     ds: Dataset,
     q: Query | None = None,
@@ -424,8 +433,7 @@ def query(
     entity_ids: Sequence[str] | None = None,
     origin: str | None = None,
     schemata: Collection[str] | None = None,
-    flush: bool = True,
-    as_of: str | int | None = None,
+    snapshot: DatasetSnapshot | None = None,
 ) -> Iterator[StatementEntity]:
     """Entities from live statements, filtered by ids, origin, schema and an ftmq
     ``Query``.
@@ -435,24 +443,14 @@ def query(
     ``schemata`` keeps the entities of those schemata (exact names, as ftmq's
     ``schema__in``); unlike the same filter in ``q``, it is applied to the
     tables, so only the entities that may match are read and aggregated.
-    ``as_of`` reads a published version (a sequence number, snapshot id or
-    time; see :func:`lakehouse_assets.versions.resolve`) and never flushes.
+    ``snapshot`` reads that snapshot (a published version's, see
+    :func:`lakehouse_assets.versions.version_snapshot`); the current one by
+    default.
 
-    Flushes the journal first unless ``flush=False`` (then unflushed writes are
-    not visible). If another writer holds the dataset's lock for longer than
-    ``LAKEHOUSE_READ_WAIT_SECONDS``, reads the current snapshot instead (and
-    says on the log how many journal rows are pending): a reader never fails
-    because of a writer.
+    A read never flushes: the facade (:meth:`lakehouse_assets.lake.Dataset.query`)
+    decides whether to flush the journal before it reads.
     """
-    wanted = frozenset(schemata or ())
-    for name in sorted(wanted):
-        if model.get(name) is None:
-            raise InvalidInputError(f"Dataset {ds.name!r}: unknown FtM schema {name!r}")
-    snapshot = version_snapshot(ds, as_of) if as_of is not None else None
-    if flush and snapshot is None:
-        from lakehouse_assets.flush import flush_for_reading
-
-        flush_for_reading(ds, wait=ds.settings.read_wait_seconds)
+    wanted = check_schemata(ds, schemata)
     if entity_ids:
         tables: Iterable[pa.Table] = [
             live_statements(ds, entity_ids=entity_ids, origin=origin, snapshot=snapshot)
@@ -470,23 +468,15 @@ def query(
         yield from entities
 
 
-def version_snapshot(ds: Dataset, as_of: str | int) -> DatasetSnapshot:
-    """The snapshot of the published version ``as_of`` names."""
-    from lakehouse_assets import versions
-
-    return versions.snapshot_at(ds, versions.resolve(ds, as_of))
-
-
 def get_entity(
     ds: Dataset,
     entity_id: str,
     *,
     origin: str | None = None,
-    flush: bool = False,
-    as_of: str | int | None = None,
+    snapshot: DatasetSnapshot | None = None,
 ) -> StatementEntity | None:
     """One entity by id (optionally only its statements from ``origin``)."""
-    for entity in query(ds, entity_ids=[entity_id], origin=origin, flush=flush, as_of=as_of):
+    for entity in query(ds, entity_ids=[entity_id], origin=origin, snapshot=snapshot):
         return entity
     return None
 
@@ -503,14 +493,16 @@ def entities_export(ds: Dataset) -> str:
     return path
 
 
-def stream_entities(ds: Dataset, as_of: str | int | None = None) -> Iterator[dict[str, Any]]:
+def stream_entities(
+    ds: Dataset, snapshot: DatasetSnapshot | None = None
+) -> Iterator[dict[str, Any]]:
     """Entities of the last ``entities.ftm.json`` export (no flush, no Spark).
 
-    With ``as_of``, the entities of that published version, read from the
-    tables as they were then (what ``entities.ftm.json`` held at that version).
+    With ``snapshot`` (a published version's), the entities of that version,
+    read from the tables as they were then (what ``entities.ftm.json`` held at
+    that version).
     """
-    if as_of is not None:
-        snapshot = version_snapshot(ds, as_of)
+    if snapshot is not None:
         batches = sorted_live_batches(ds, snapshot)  # in the export's order
         statements = (s for b in batches for s in to_statements(b))
         for entity in aggregate(ds.name, first_origin(statements)):

@@ -18,6 +18,7 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, graph
 from lakehouse_assets.errors import InvalidNameError
 from lakehouse_assets.lake import Dataset, Lakehouse
+from lakehouse_assets.versions import version_snapshot
 from lakehouse_assets_tests.conftest import PROFILE, cli_args, lakehouse_env, sample_entities
 from lakehouse_assets_tests.helpers.data import input_entities
 
@@ -168,9 +169,11 @@ def test_refs_lookups(spark: SparkSession, local_lake: Lakehouse) -> None:
     now = graph.refs(ds, asset)
     assert any(e["other_id"] == "own-2" for e in now)
     # as of a published version: a scan of that version, the same answer shape
-    assert graph.refs(ds, asset, as_of=2) == now
-    assert all(e["other_id"] != "own-2" for e in graph.refs(ds, asset, as_of=1))
-    assert graph.refs(ds, asset, as_of=1) == who
+    assert graph.refs(ds, asset, snapshot=version_snapshot(ds, 2)) == now
+    assert all(
+        e["other_id"] != "own-2" for e in graph.refs(ds, asset, snapshot=version_snapshot(ds, 1))
+    )
+    assert graph.refs(ds, asset, snapshot=version_snapshot(ds, 1)) == who
 
     from lakehouse_assets.cli import cli
 

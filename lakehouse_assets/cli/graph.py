@@ -44,6 +44,7 @@ def refs_cmd(
       lakehouse -d my_dataset refs anna-schmidt --out --prop owner
     """
     from lakehouse_assets import graph
+    from lakehouse_assets.versions import version_snapshot
 
     ds = obj.dataset()
     edges = graph.refs(
@@ -52,7 +53,7 @@ def refs_cmd(
         direction=direction,
         props=list(props) or None,
         schemata=list(schemata) or None,
-        as_of=as_of,
+        snapshot=None if as_of is None else version_snapshot(ds, as_of),
     )
     if not edges:
         click.echo(f"no edges at {entity_id!r} in dataset {ds.name!r}", err=True)

@@ -31,6 +31,7 @@ from lakehouse_assets.tables.snapshot import DataFile, arrow_dataset
 
 if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.tables.snapshot import DatasetSnapshot
 
 
 #: FtM entity ids: printable, no whitespace, at most this long.
@@ -186,23 +187,25 @@ def refs(
     direction: str = "in",
     props: Sequence[str] | None = None,
     schemata: Sequence[str] | None = None,
-    as_of: str | int | None = None,
+    snapshot: DatasetSnapshot | None = None,
 ) -> list[dict[str, Any]]:
     """The edges at an entity: ``in`` (who points at it), ``out`` (what it points
     at) or ``both``; each with the other entity's id, schema and caption (``None``
     for a target outside the dataset). Sorted by direction, property, other id.
 
-    ``as_of`` answers for a published version from the tables as they were then
-    (the index holds the current edges only, so this is a scan of that version).
+    ``snapshot`` (a published version's, see
+    :func:`lakehouse_assets.versions.version_snapshot`) answers for that version
+    from the tables as they were then (the index holds the current edges only, so
+    this is a scan of that version).
     """
 
     check_id(entity_id)
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, not {direction!r}")
     check_filters(props, schemata)
-    if as_of is not None:
-        scanned = _scan_edges(ds, entity_id, direction, props, as_of)
-        return _describe(ds, scanned, schemata, as_of)
+    if snapshot is not None:
+        scanned = _scan_edges(ds, entity_id, direction, props, snapshot)
+        return _describe(ds, scanned, schemata, snapshot)
     state = GraphState.load(ds)
     if state is None:
         raise GraphNotBuiltError(
@@ -236,12 +239,15 @@ def edges_at(
 
 
 def _scan_edges(
-    ds: Dataset, entity_id: str, direction: str, props: Sequence[str] | None, as_of: str | int
+    ds: Dataset,
+    entity_id: str,
+    direction: str,
+    props: Sequence[str] | None,
+    snapshot: DatasetSnapshot,
 ) -> list[tuple[str, dict[str, Any]]]:
     """The edges at an entity in a published version, by scanning its live statements."""
-    from lakehouse_assets.query import live_chunks, version_snapshot
+    from lakehouse_assets.query import live_chunks
 
-    snapshot = version_snapshot(ds, as_of)
     found: list[tuple[str, dict[str, Any]]] = []
     seen: set[tuple[str, str, str]] = set()
     for chunk in live_chunks(ds, snapshot=snapshot):
@@ -263,16 +269,14 @@ def _describe(
     ds: Dataset,
     found: list[tuple[str, dict[str, Any]]],
     schemata: Sequence[str] | None,
-    as_of: str | int | None,
+    snapshot: DatasetSnapshot | None,
 ) -> list[dict[str, Any]]:
     """Edges with the other entity's schema and caption, filtered and sorted."""
     from lakehouse_assets.query import query
 
     others = sorted({row["other"] for _, row in found})
     entities = (
-        {str(e.id): e for e in query(ds, entity_ids=others, flush=False, as_of=as_of)}
-        if others
-        else {}
+        {str(e.id): e for e in query(ds, entity_ids=others, snapshot=snapshot)} if others else {}
     )
     out = []
     for way, row in found:
@@ -320,7 +324,7 @@ def neighbours(
         frontier = following
         if not frontier or len(seen) >= limit:
             break
-    entities = {str(e.id): e for e in query(ds, entity_ids=order, flush=False)}
+    entities = {str(e.id): e for e in query(ds, entity_ids=order)}
     for eid in order:
         if eid in entities:
             yield entities[eid].to_dict()

@@ -76,6 +76,7 @@ from lakehouse_assets.versions.asof import (
     VersionDamagedError,
     VersionExpiredError,
     snapshot_at,
+    version_snapshot,
 )
 from lakehouse_assets.versions.chain import (
     Version,
@@ -170,6 +171,7 @@ __all__ = [
     "resolve",
     "sha256_of",
     "snapshot_at",
+    "version_snapshot",
     "table_files",
     "trace",
     "unchanged",

@@ -13,7 +13,7 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.conventions import _table_dir
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.tables.snapshot import DatasetSnapshot
-from lakehouse_assets.versions.chain import Version
+from lakehouse_assets.versions.chain import Version, resolve
 from lakehouse_assets.versions.coverage import vacuumable
 
 if TYPE_CHECKING:
@@ -26,6 +26,13 @@ class VersionExpiredError(LakehouseError):
 
 class VersionDamagedError(LakehouseError):
     """Files of a published version are gone although no vacuum removed them."""
+
+
+def version_snapshot(ds: Dataset, as_of: str | int) -> DatasetSnapshot:
+    """The snapshot of the published version ``as_of`` names (a sequence number,
+    snapshot id or time; see :func:`~lakehouse_assets.versions.chain.resolve`):
+    what the facade hands the reads, which do not resolve versions themselves."""
+    return snapshot_at(ds, resolve(ds, as_of))
 
 
 def snapshot_at(ds: Dataset, version: Version) -> DatasetSnapshot:
