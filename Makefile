@@ -47,8 +47,10 @@ test-thorough: install java
 	LAKEHOUSE_TEST_PROFILE=thorough $(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS) \
 		lakehouse_assets_tests/test_properties_commits.py lakehouse_assets_tests/test_properties_dataset.py
 
+# ruff, then the import contract (the layers in setup.cfg's [importlinter])
 lint: install
 	$(VENV)/bin/ruff check lakehouse_assets lakehouse_assets_tests benchmarks
+	$(VENV)/bin/lint-imports
 
 typecheck: install
 	$(VENV)/bin/mypy
@@ -59,4 +61,4 @@ bench: install
 	$(PY) -m benchmarks.mapping --rows 1000000
 
 clean:
-	rm -rf $(DEMO_LAKE) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(DEMO_LAKE) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -6,6 +6,32 @@ The names are imported on first use (PEP 562): Spark's Python workers import
 this package to unpickle a task's function, and the public surface pulls in
 followthemoney, SQLAlchemy and delta-rs, 0.2 GB and a second per worker that
 its task may never touch.
+
+The layers, top to bottom: a module imports only from the layers below its own
+(imports under ``TYPE_CHECKING``, for annotations, aside). ``make lint`` checks
+this with import-linter (the contract in ``setup.cfg``, ``[importlinter]``):
+
+1. entry points: :mod:`.definitions` (Dagster's code location), over the CLI
+   (:mod:`.cli`) and the Dagster assets, jobs and checks (:mod:`.defs`);
+2. the facade: :mod:`.lake` (:class:`Lakehouse`, :class:`Dataset`), which
+   composes the operations and decides what a read sees (a flush first, or a
+   published version); then :mod:`.bulk`, its bulk writer;
+3. operations, each on the state the facade hands it: :mod:`.exports`,
+   :mod:`.maintenance`; :mod:`.versions`; :mod:`.mappings`, :mod:`.crawl`;
+   :mod:`.graph`, :mod:`.freshness`; :mod:`.flush`, the reads (:mod:`.query`,
+   which never flush), :mod:`.queue`, :mod:`.ingest`;
+4. the dataset's parts: :mod:`.catalog`, :mod:`.archive`, :mod:`.spark`;
+   :mod:`.sources`, :mod:`.reduce`, :mod:`.journal_duckdb`, :mod:`.staging`;
+   :mod:`.access`, :mod:`.tables` (the Delta tables), :mod:`.locks`,
+   :mod:`.tags`, :mod:`.jobs`, :mod:`.entities`;
+5. storage: :mod:`.journal`, :mod:`.storage`; :mod:`.queue_ledger`,
+   :mod:`.journal_sqlite`;
+6. ground: :mod:`.conventions` (the lake's layout), :mod:`.settings`,
+   :mod:`.bounded`, :mod:`.faults`, :mod:`.progress`, :mod:`.preload`; then
+   :mod:`.journal_urls`; then :mod:`.errors`.
+
+Imports that run back up are listed in the contract's ``ignore_imports``, each
+with its reason.
 """
 
 from __future__ import annotations
