@@ -324,3 +324,45 @@ def test_four_processes_breaking_a_stale_lock_on_slow_s3_leave_one_holder(
             winners = [t for t in tokens if t is not None]
             assert len(winners) == 1, tokens
             assert ds.lock().state().token == winners[0]
+
+
+def test_a_graph_index_writer_that_lost_its_lock_commits_nothing(local_lake: Lakehouse) -> None:
+    """The graph index's tables are written by delta-rs's own writer, and now
+    under the table lock's fence like every other table: a writer whose lock
+    was taken over commits nothing, and a held lock's commit carries its
+    generation (so an older holder's later commit is refused by the table)."""
+    from types import SimpleNamespace
+
+    from lakehouse_assets.graph.tables import (
+        BY_SOURCE,
+        EDGE_SCHEMA,
+        TOMBSTONE_SCHEMA,
+        TOMBSTONES,
+        _write,
+        table_location,
+    )
+    from lakehouse_assets.locks import FENCE_APP_ID
+
+    ds = local_lake.create_dataset("graph_fence")
+    with ds.table_lock("graph", wait=0) as held:
+        _write(ds, TOMBSTONES, TOMBSTONE_SCHEMA.empty_table(), "overwrite", 0, fence=held.fence())
+        stale = held.fence()
+    table = table_location(ds, TOMBSTONES).table()
+    assert table is not None and table.transaction_version(FENCE_APP_ID) == stale.generation
+    version = table.version()
+
+    # the lock is released (or broken) and taken by a newer writer: the old fence is spent
+    with ds.table_lock("graph", wait=0) as fresh:
+        assert fresh.generation > stale.generation
+        _write(ds, TOMBSTONES, TOMBSTONE_SCHEMA.empty_table(), "append", 1, fence=fresh.fence())
+    with pytest.raises(LockLostError):
+        _write(ds, BY_SOURCE, EDGE_SCHEMA.empty_table(), "overwrite", 2, fence=stale)
+    # even a writer past its own lock check: the table refuses the older generation
+    unchecked = SimpleNamespace(
+        app_id=stale.app_id, generation=stale.generation, check=lambda: None
+    )
+    with pytest.raises(LockLostError, match="newer lock holder"):
+        _write(ds, TOMBSTONES, TOMBSTONE_SCHEMA.empty_table(), "append", 2, fence=unchecked)
+    assert table_location(ds, BY_SOURCE).table() is None
+    after = table_location(ds, TOMBSTONES).table()
+    assert after is not None and after.version() == version + 1

@@ -35,6 +35,7 @@ from lakehouse_assets.tables.snapshot import DataFile, DatasetSnapshot, arrow_da
 
 if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.tables.delta import CommitFence as Fence
 
 
 @dataclass(slots=True)
@@ -63,13 +64,13 @@ class GraphResult:
 
 def rebuild(ds: Dataset) -> GraphResult:
     """Build both directions from the live statements of the current snapshot."""
-    with ds.table_lock("graph"):
-        return _rebuild(ds)
+    with ds.table_lock("graph") as lock:
+        return _rebuild(ds, lock.fence())
 
 
-def _rebuild(ds: Dataset) -> GraphResult:
+def _rebuild(ds: Dataset, fence: Fence) -> GraphResult:
     clock = time.monotonic()
-    # the caller holds the dataset's table lock
+    # the caller holds the dataset's table lock; ``fence`` is its
     snapshot = ds.snapshot()
     state = GraphState.load(ds) or GraphState()
     state.rebuilding = True
@@ -77,11 +78,11 @@ def _rebuild(ds: Dataset) -> GraphResult:
     generation = 0
     by_source, by_target, dangling = _live_edges(ds, snapshot)
     reflects = snapshot.translog.version
-    _write(ds, BY_SOURCE, by_source, "overwrite", reflects, presorted=True)
+    _write(ds, BY_SOURCE, by_source, "overwrite", reflects, fence=fence, presorted=True)
     faults.point("graph.after_source")
     del by_source
-    _write(ds, BY_TARGET, by_target, "overwrite", reflects, presorted=True)
-    _write(ds, TOMBSTONES, TOMBSTONE_SCHEMA.empty_table(), "overwrite", reflects)
+    _write(ds, BY_TARGET, by_target, "overwrite", reflects, fence=fence, presorted=True)
+    _write(ds, TOMBSTONES, TOMBSTONE_SCHEMA.empty_table(), "overwrite", reflects, fence=fence)
     faults.point("graph.after_target")
     state = GraphState(
         translog_version=snapshot.translog.version,
@@ -161,16 +162,17 @@ def update(ds: Dataset) -> GraphResult:
     from lakehouse_assets.tables.changes import changed_translog_rows
 
     clock = time.monotonic()
-    with ds.table_lock("graph"):
+    with ds.table_lock("graph") as lock:
+        fence = lock.fence()
         state = GraphState.load(ds)
         if state is None or state.rebuilding or state.translog_version is None:
-            return _rebuild(ds)
+            return _rebuild(ds, fence)
         try:
             old = DatasetSnapshot.load(
                 ds.statements_table, ds.translog_table, state.translog_version
             )
         except Exception:  # the version the index reflects was cleaned up
-            return _rebuild(ds)
+            return _rebuild(ds, fence)
         new = ds.snapshot()
         result = GraphResult("update", reflects=new.versions)
         if new.content_key != old.content_key:
@@ -195,11 +197,11 @@ def update(ds: Dataset) -> GraphResult:
             try:  # which of the removed statements were edges (for the counts)
                 gone = _edges_of(_statement_rows(ds, old, removed), generation)
             except (OSError, LakehouseError):  # the old files were vacuumed
-                return _rebuild(ds)
+                return _rebuild(ds, fence)
             if edges.num_rows:
-                _write(ds, BY_SOURCE, edges, "append", new.translog.version)
+                _write(ds, BY_SOURCE, edges, "append", new.translog.version, fence=fence)
                 faults.point("graph.after_source")
-                _write(ds, BY_TARGET, edges, "append", new.translog.version)
+                _write(ds, BY_TARGET, edges, "append", new.translog.version, fence=fence)
             if gone.num_rows:
                 tombs = pa.table(
                     {
@@ -209,7 +211,7 @@ def update(ds: Dataset) -> GraphResult:
                     },
                     schema=TOMBSTONE_SCHEMA,
                 )
-                _write(ds, TOMBSTONES, tombs, "append", new.translog.version)
+                _write(ds, TOMBSTONES, tombs, "append", new.translog.version, fence=fence)
             faults.point("graph.after_target")
             state.generations.append(generation)
             for prop, n in _count_by_prop(edges).items():

@@ -8,20 +8,14 @@ Delta commit the other tables use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import (
-    BloomFilterProperties,
-    ColumnProperties,
-    CommitProperties,
-    WriterProperties,
-    write_deltalake,
-)
+from deltalake import BloomFilterProperties, ColumnProperties, WriterProperties
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.tables.delta import DeltaLocation
+from lakehouse_assets.tables.delta import CommitFence, DeltaLocation, fenced_write
 
 if TYPE_CHECKING:
     from lakehouse_assets.lake import Dataset
@@ -92,35 +86,29 @@ def _write(
     ds: Dataset,
     table: str,
     data: pa.Table,
-    mode: str,
+    mode: Literal["append", "overwrite"],
     reflects: int | None,
     *,
+    fence: CommitFence,
     presorted: bool = False,
 ) -> None:
     """Append or overwrite one of the index's tables (sorted by property and
-    lookup column, unless ``presorted`` says the rows already are)."""
+    lookup column, unless ``presorted`` says the rows already are), under the
+    fence of the dataset's table lock the caller holds (:func:`fenced_write`)."""
     lookup = "source" if table == BY_SOURCE else "target"
-    props = CommitProperties(custom_metadata={"lakehouse.graph.reflects_translog": str(reflects)})
+    metadata = {"lakehouse.graph.reflects_translog": str(reflects)}
     location = table_location(ds, table)
-    # one call for both modes (delta-rs's overloads split them by a literal)
-    write: Any = write_deltalake
     if table == TOMBSTONES:
-        write(
-            location.uri,
-            data,
-            mode=mode,
-            storage_options=dict(location.storage_options),
-            commit_properties=props,
-        )
+        fenced_write(location, data, mode=mode, fence=fence, metadata=metadata)
         return
-    write(
-        location.uri,
+    fenced_write(
+        location,
         data if presorted else data.sort_by([("prop", "ascending"), (lookup, "ascending")]),
         mode=mode,
+        fence=fence,
+        metadata=metadata,
         partition_by=["prop"],
-        storage_options=dict(location.storage_options),
         writer_properties=_writer(lookup),
-        commit_properties=props,
         target_file_size=FILE_BYTES,
     )
 

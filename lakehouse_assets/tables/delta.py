@@ -30,7 +30,7 @@ from typing import Any, Literal, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
@@ -242,6 +242,62 @@ def commit(
     latest = location.table()
     assert latest is not None
     return latest.version()
+
+
+def fenced_write(
+    location: DeltaLocation,
+    data: pa.Table,
+    *,
+    mode: Literal["append", "overwrite"],
+    fence: CommitFence,
+    metadata: Mapping[str, str],
+    partition_by: Sequence[str] | None = None,
+    writer_properties: WriterProperties | None = None,
+    target_file_size: int | None = None,
+) -> None:
+    """delta-rs's own writer (its Parquet files: sorting, bloom filters, file
+    sizes), committed under a lock's fence as :func:`commit` is.
+
+    For tables whose files delta-rs writes itself (the graph index): the
+    commit carries the fence's app transaction, is refused if the table
+    records a newer lock generation, and the lock is checked just before;
+    two writers with the same app id from one snapshot conflict in delta-rs
+    instead of both committing. So a writer that lost its lock (paused past
+    the TTL, or unlocked by hand) commits nothing here either.
+    """
+    table = location.table()
+    if table is not None:
+        recorded = table.transaction_version(fence.app_id)
+        if recorded is not None and recorded > fence.generation:
+            raise LockLostError(
+                f"{location.uri}: a newer lock holder (generation {recorded}) has "
+                f"committed; this writer (generation {fence.generation}) lost its lock "
+                "and commits nothing"
+            )
+    fence.check()
+    props = CommitProperties(
+        custom_metadata=dict(metadata),
+        max_commit_retries=20,
+        app_transactions=[Transaction(fence.app_id, fence.generation)],
+    )
+    # one call for both modes (delta-rs's overloads split them by a literal)
+    write: Any = write_deltalake
+    try:
+        write(
+            location.uri,
+            data,
+            mode=mode,
+            partition_by=list(partition_by) if partition_by else None,
+            storage_options=dict(location.storage_options),
+            writer_properties=writer_properties,
+            commit_properties=props,
+            target_file_size=target_file_size,
+        )
+    except CommitFailedError as exc:
+        raise ConcurrentWriteError(
+            f"{location.uri}: another writer committed meanwhile ({exc}); "
+            "nothing of this run was committed, run it again"
+        ) from exc
 
 
 def _add_missing_columns(table: DeltaTable, schema: pa.Schema, props: CommitProperties) -> None:
