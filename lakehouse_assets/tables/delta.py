@@ -212,14 +212,7 @@ def commit(
             )
         else:
             if fence is not None:
-                recorded = table.transaction_version(fence.app_id)
-                if recorded is not None and recorded > fence.generation:
-                    raise LockLostError(
-                        f"{location.uri}: a newer lock holder (generation {recorded}) has "
-                        f"committed; this writer (generation {fence.generation}) lost its lock "
-                        "and commits nothing"
-                    )
-                fence.check()
+                _check_fence(location, table, fence)
             _add_missing_columns(table, schema, props)
             table.create_write_transaction(
                 list(actions),
@@ -244,6 +237,20 @@ def commit(
     return latest.version()
 
 
+def _check_fence(location: DeltaLocation, table: DeltaTable | None, fence: CommitFence) -> None:
+    """Refuse a commit by a writer that lost its lock: the table records a newer
+    lock generation, or the lock is no longer this writer's (checked last, just
+    before the commit)."""
+    recorded = None if table is None else table.transaction_version(fence.app_id)
+    if recorded is not None and recorded > fence.generation:
+        raise LockLostError(
+            f"{location.uri}: a newer lock holder (generation {recorded}) has "
+            f"committed; this writer (generation {fence.generation}) lost its lock "
+            "and commits nothing"
+        )
+    fence.check()
+
+
 def fenced_write(
     location: DeltaLocation,
     data: pa.Table,
@@ -265,16 +272,7 @@ def fenced_write(
     instead of both committing. So a writer that lost its lock (paused past
     the TTL, or unlocked by hand) commits nothing here either.
     """
-    table = location.table()
-    if table is not None:
-        recorded = table.transaction_version(fence.app_id)
-        if recorded is not None and recorded > fence.generation:
-            raise LockLostError(
-                f"{location.uri}: a newer lock holder (generation {recorded}) has "
-                f"committed; this writer (generation {fence.generation}) lost its lock "
-                "and commits nothing"
-            )
-    fence.check()
+    _check_fence(location, location.table(), fence)
     props = CommitProperties(
         custom_metadata=dict(metadata),
         max_commit_retries=20,
