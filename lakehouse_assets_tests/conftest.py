@@ -92,11 +92,13 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
 def source_roots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Tests archive and queue source files from pytest's temp folders: allow
     them (``LAKEHOUSE_SOURCE_ROOTS``; without it the queue reads no local file
-    and the CLI and API only the current directory's). Set for the session,
+    and the CLI and API only the current directory's), and ../shared/data where
+    present (the real mappings' CSVs, outside the checkout). Set for the session,
     before any ``Settings`` is made; tests of the policy set their own."""
     base = tmp_path_factory.getbasetemp()
+    roots = [str(base)] + ([str(SHARED_DATA.resolve())] if SHARED_DATA.is_dir() else [])
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LAKEHOUSE_SOURCE_ROOTS", str(base))
+        patch.setenv("LAKEHOUSE_SOURCE_ROOTS", os.pathsep.join(roots))
         yield base
 
 
