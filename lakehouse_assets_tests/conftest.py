@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import sqlalchemy as sa
 from hypothesis import HealthCheck, settings
 
 from lakehouse_assets import Lakehouse, Settings
@@ -241,6 +242,25 @@ def postgres_url() -> str:
     if reason:
         pytest.skip(reason)
     return POSTGRES_URL
+
+
+@pytest.fixture
+def dagster_postgres(postgres_url: str) -> Iterator[str]:
+    """A database of its own on the local server for Dagster's storage, dropped afterwards."""
+    name = f"dagster_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(psycopg2_url(postgres_url), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield postgres_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def psycopg2_url(url: str) -> str:
+    return url.replace("postgresql://", "postgresql+psycopg2://", 1)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
