@@ -9,11 +9,21 @@
   specification's rule (:mod:`lakehouse_assets.freshness`: the export's tag
   is newer than its dependencies' and the journal is empty). It runs after
   each materialization, and the ``freshness_checks`` sensor re-judges every
-  dataset every few minutes from the tags alone (no run, no Spark), reporting
-  an evaluation only when a dataset's state changed, so a journal write shows
-  up as a stale export of that dataset at once.
+  dataset every few minutes from the tags alone (no Spark). When a dataset's
+  state changed, the sensor asks for one ``freshness_job`` run per tick, which
+  records the evaluations of every changed dataset, so a journal write shows
+  up as a stale export of that dataset, and a flush as a fresh one again.
+
+Why a run and not the sensor's own ``asset_events``: Dagster stores a
+run-less check evaluation with the run id ``""``, and its unique index on
+``asset_check_executions`` (asset key, check, run id, partition) then admits
+one evaluation per check and partition, ever; the second report of a dataset
+failed with an ``IntegrityError`` (SQLite and PostgreSQL alike) and the check
+never turned again. Evaluations logged inside a run carry that run's id: any
+number of them, one run per tick whatever the number of datasets.
 """
 
+import hashlib
 import json
 from collections.abc import Iterator
 from datetime import timedelta
@@ -22,7 +32,7 @@ from typing import Any
 import dagster as dg
 
 from lakehouse_assets.defs.batch import check_results, for_each_dataset
-from lakehouse_assets.defs.partitions import datasets, partition_datasets
+from lakehouse_assets.defs.partitions import datasets, existing_datasets, partition_datasets
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.freshness import (
     ENTITIES,
@@ -119,13 +129,58 @@ def exports_fresh(
     yield from check_results(for_each_dataset(context, one))
 
 
+def judged(ds: Dataset) -> dict[str, Freshness | None]:
+    """Asset key → the dataset's state under the rule (the graph's only once it was built)."""
+    states = freshness(ds)
+    return {
+        key: states.get(kind)
+        for key, kind in KINDS.items()
+        if states.get(kind) is not None or kind not in (GRAPH, GRAPH_CYPHER)
+    }
+
+
+def _mark(state: Freshness | None) -> str:
+    """What the sensor's cursor keeps of a state: a change of it is reported."""
+    return "missing" if state is None else f"{state.fresh}:{state.why}"
+
+
+class FreshnessReportConfig(dg.Config):
+    """The datasets whose freshness changed (named by the ``freshness_checks`` sensor)."""
+
+    datasets: list[str]
+
+
+@dg.op(
+    description="Record the `fresh` check of every export, the index and the graph index "
+    "of the given datasets, judged now from the lake's tags."
+)
+def report_freshness(
+    context: dg.OpExecutionContext, config: FreshnessReportConfig, lakehouse: LakehouseResource
+) -> None:
+    reported = 0
+    for ds in existing_datasets(lakehouse.lake(), config.datasets):
+        for key, state in judged(ds).items():
+            context.log_event(evaluation(ds, key, state))
+            reported += 1
+    context.log.info("%d evaluations of %d datasets", reported, len(config.datasets))
+
+
+@dg.job(
+    description="Records the `fresh` check of the datasets whose freshness changed "
+    "(requested by the `freshness_checks` sensor; reads tags only, no Spark)."
+)
+def freshness_job() -> None:
+    report_freshness()
+
+
 @dg.sensor(
     name="freshness_checks",
+    job=freshness_job,
     minimum_interval_seconds=Settings().freshness_check_interval_seconds,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Judges every dataset's exports, index and graph index by the "
-    "specification's freshness rule and reports the `fresh` check per dataset when it "
-    "changed (tags only: no run, no Spark).",
+    "specification's freshness rule (tags only, no Spark) and, when some dataset's state "
+    "changed, asks for one `freshness_job` run that records their `fresh` checks.",
 )
 def freshness_checks(
     context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
@@ -135,22 +190,30 @@ def freshness_checks(
         seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
     except json.JSONDecodeError:
         seen = {}
-    events: list[dg.AssetCheckEvaluation] = []
+    changed: list[str] = []
     for ds in partition_datasets(context.instance, lake):
-        name = ds.name
-        states = freshness(ds)
-        for key, kind in KINDS.items():
-            state = states.get(kind)
-            if state is None and kind in (GRAPH, GRAPH_CYPHER):
-                continue  # no graph index yet: nothing to judge
-            mark = "missing" if state is None else f"{state.fresh}:{state.why}"
-            if seen.get(f"{name}/{key}") != mark:
-                seen[f"{name}/{key}"] = mark
-                events.append(evaluation(ds, key, state))
-    if not events:
+        marks = {f"{ds.name}/{key}": _mark(state) for key, state in judged(ds).items()}
+        if any(seen.get(k) != v for k, v in marks.items()):
+            changed.append(ds.name)
+            seen.update(marks)
+    if not changed:
         return dg.SkipReason("no dataset's freshness changed")
-    return dg.SensorResult(asset_events=events, cursor=json.dumps(seen, sort_keys=True))
+    cursor = json.dumps(seen, sort_keys=True)
+    return dg.SensorResult(
+        run_requests=[
+            dg.RunRequest(
+                # the same states never ask twice (a tick repeated after a crash)
+                run_key=hashlib.sha256(cursor.encode()).hexdigest()[:24],
+                run_config=dg.RunConfig(
+                    ops={"report_freshness": FreshnessReportConfig(datasets=changed)}
+                ),
+                tags={"lakehouse/datasets": str(len(changed))},
+            )
+        ],
+        cursor=cursor,
+    )
 
 
 CHECKS = [exports_fresh]
+JOBS = [freshness_job]
 SENSORS = [freshness_checks]

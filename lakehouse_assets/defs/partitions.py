@@ -1,6 +1,6 @@
 """The one partitioning of the asset graph: one partition per dataset."""
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Final
 
 import dagster as dg
@@ -20,7 +20,12 @@ def partition_datasets(instance: dg.DagsterInstance, lake: Lakehouse) -> Iterato
     A partition whose dataset left the lake is skipped: Dagster keeps partitions
     until they are deleted, and a sensor must not fail on one.
     """
-    for name in sorted(instance.get_dynamic_partitions(DATASETS)):
+    yield from existing_datasets(lake, sorted(instance.get_dynamic_partitions(DATASETS)))
+
+
+def existing_datasets(lake: Lakehouse, names: Iterable[str]) -> Iterator[Dataset]:
+    """The named datasets that are still in the lake (a gone one is skipped, not an error)."""
+    for name in names:
         try:
             yield lake.dataset(name)
         except DatasetNotFoundError:
