@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from lakehouse_assets.definitions import defs
 from lakehouse_assets.defs.partitions import DATASETS
 from lakehouse_assets.defs.sensors import archive_files, journal_writes, new_datasets
 from lakehouse_assets.lake import Lakehouse
-from lakehouse_assets_tests.helpers.defs import resources
+from lakehouse_assets_tests.helpers.defs import daemon_tick, resources
 
 
 @pytest.fixture
@@ -59,6 +60,40 @@ def test_new_dataset_becomes_a_partition(
     instance.add_dynamic_partitions(DATASETS, list(request.partition_keys or []))
     # known now: nothing to add
     assert isinstance(new_datasets(context(instance, local_lake)), dg.SkipReason)
+
+
+def test_partitions_follow_the_datasets_both_ways(
+    local_lake: Lakehouse, instance: dg.DagsterInstance
+) -> None:
+    """A deleted dataset's partition goes, in the same kind of tick that adds new ones."""
+    for name in ("first", "second", "third"):
+        local_lake.create_dataset(name)
+    result, _ = daemon_tick(new_datasets, instance, local_lake)
+    assert isinstance(result, dg.SensorResult)
+    assert instance.get_dynamic_partitions(DATASETS) == ["first", "second", "third"]
+    assert isinstance(daemon_tick(new_datasets, instance, local_lake)[0], dg.SkipReason)
+
+    # one dataset leaves the lake, another arrives: one tick adds and deletes
+    shutil.rmtree(local_lake.store.local_path(cv.dataset_path("second")))
+    local_lake.create_dataset("fourth")
+    result, _ = daemon_tick(new_datasets, instance, local_lake)
+    assert isinstance(result, dg.SensorResult)
+    kinds = {
+        type(r).__name__: list(r.partition_keys or [])
+        for r in result.dynamic_partitions_requests or []
+    }
+    assert kinds == {
+        "AddDynamicPartitionsRequest": ["fourth"],
+        "DeleteDynamicPartitionsRequest": ["second"],
+    }
+    assert instance.get_dynamic_partitions(DATASETS) == ["first", "third", "fourth"]
+    assert isinstance(daemon_tick(new_datasets, instance, local_lake)[0], dg.SkipReason)
+
+    # a lake without its catalog index (a wrong URI, a half-copied lake) deletes nothing
+    local_lake.store.delete(cv.CATALOG_INDEX)
+    shutil.rmtree(local_lake.store.local_path(cv.dataset_path("third")))
+    assert isinstance(daemon_tick(new_datasets, instance, local_lake)[0], dg.SkipReason)
+    assert instance.get_dynamic_partitions(DATASETS) == ["first", "third", "fourth"]
 
 
 def test_archive_file_requests_a_run_for_its_partition(

@@ -6,7 +6,8 @@ one catalog listing plus one small read per dataset and tag; only a dataset
 whose tag moved since the cursor is looked at more closely. Cursors (JSON:
 dataset → last tag seen) live in Dagster's storage and survive restarts.
 
-- ``new_datasets`` adds a ``datasets`` partition for every dataset of the lake.
+- ``new_datasets`` keeps the ``datasets`` partitions equal to the lake's datasets
+  (adds the new ones, deletes those whose dataset is gone).
 - ``archive_files`` lists each dataset's ``archive/`` (one listing per tick:
   a writer that bypasses the API moves no tag) and reports an ``archive``
   materialization for each changed dataset; for files written since, it asks
@@ -144,18 +145,42 @@ def cursor_with(raw: str | None, updates: dict[str, str]) -> str:
     name="new_datasets",
     minimum_interval_seconds=_interval(),
     default_status=RUNNING,
-    description="Adds a `datasets` partition for each dataset found in the lake's catalog.",
+    description="Keeps the `datasets` partitions equal to the lake's catalog: adds a "
+    "partition for each new dataset, deletes the partition of a dataset that left the lake.",
 )
 def new_datasets(
     context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
 ) -> dg.SensorResult | dg.SkipReason:
-    found = lakehouse.lake().datasets()
+    """One listing of the lake's top level against the partitions, both ways.
+
+    A deleted partition keeps its history in Dagster's event log (a dataset
+    created again under that name finds it). Nothing is deleted when the lake
+    has no catalog ``index.json``: a lake URI that points at the wrong place
+    must not empty the partitions.
+    """
+    lake = lakehouse.lake()
+    found = lake.datasets()
     known = set(context.instance.get_dynamic_partitions(DATASETS))
     new = [name for name in found if name not in known]
-    if not new:
-        return dg.SkipReason(f"no new datasets ({len(found)} in the lake)")
-    context.log.info("new datasets: %s", ", ".join(new))
-    return dg.SensorResult(dynamic_partitions_requests=[datasets.build_add_request(new)])
+    gone = sorted(known.difference(found))
+    if gone and not lake.store.exists(cv.CATALOG_INDEX):
+        context.log.warning(
+            "the lake %s has no %s: its %d partitions are kept",
+            lake.store.uri,
+            cv.CATALOG_INDEX,
+            len(known),
+        )
+        gone = []
+    if not new and not gone:
+        return dg.SkipReason(f"partitions match the lake ({len(found)} datasets)")
+    requests: list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest] = []
+    if new:
+        context.log.info("new datasets: %s", ", ".join(new))
+        requests.append(datasets.build_add_request(new))
+    if gone:
+        context.log.info("datasets gone from the lake: %s", ", ".join(gone))
+        requests.append(datasets.build_delete_request(gone))
+    return dg.SensorResult(dynamic_partitions_requests=requests)
 
 
 class DocumentsConfig(dg.Config):
