@@ -12,10 +12,11 @@ import pytest
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.definitions import defs
+from lakehouse_assets.defs import sensors
 from lakehouse_assets.defs.partitions import DATASETS
 from lakehouse_assets.defs.sensors import archive_files, journal_writes, new_datasets
 from lakehouse_assets.lake import Lakehouse
-from lakehouse_assets_tests.helpers.defs import daemon_tick, resources
+from lakehouse_assets_tests.helpers.defs import daemon_tick, quiet, resources
 
 
 @pytest.fixture
@@ -102,7 +103,7 @@ def test_archive_file_requests_a_run_for_its_partition(
     ds = local_lake.create_dataset("docs")
     other = local_lake.create_dataset("other")
     instance.add_dynamic_partitions(DATASETS, ["docs", "other"])
-    assert isinstance(archive_files(context(instance, local_lake)), dg.SkipReason)
+    assert quiet(archive_files(context(instance, local_lake)))
 
     source = tmp_path / "memo.txt"
     source.write_text("a memo")
@@ -120,7 +121,7 @@ def test_archive_file_requests_a_run_for_its_partition(
 
     # the cursor (as stored by the daemon) makes the next tick skip: nothing new
     cursor = result.cursor
-    assert isinstance(archive_files(context(instance, local_lake, cursor)), dg.SkipReason)
+    assert quiet(archive_files(context(instance, local_lake, cursor)))
 
     # a second file: only it is new, and only its dataset is asked for
     second = tmp_path / "memo2.txt"
@@ -152,7 +153,7 @@ def test_archive_file_requests_a_run_for_its_partition(
     assert event.tags["dagster/data_version"] != version
     (req,) = found.run_requests or []
     assert req.run_config["ops"]["write_documents"]["config"]["checksums"] == [blob.checksum]
-    assert isinstance(archive_files(context(instance, local_lake, found.cursor)), dg.SkipReason)
+    assert quiet(archive_files(context(instance, local_lake, found.cursor)))
 
     # the requested run writes the Document entity into the journal
     job = defs.resolve_job_def("archive_documents")
@@ -173,7 +174,7 @@ def test_journal_write_reports_the_journal(
 ) -> None:
     ds = local_lake.create_dataset("writes")
     instance.add_dynamic_partitions(DATASETS, ["writes"])
-    assert isinstance(journal_writes(context(instance, local_lake)), dg.SkipReason)
+    assert quiet(journal_writes(context(instance, local_lake)))
     ds.add_entity({"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}})
     result = journal_writes(context(instance, local_lake))
     assert isinstance(result, dg.SensorResult)
@@ -181,7 +182,7 @@ def test_journal_write_reports_the_journal(
     assert isinstance(event, dg.AssetMaterialization)
     assert event.asset_key == dg.AssetKey("journal") and event.partition == "writes"
     assert event.metadata["pending_statements"].value == 2
-    assert isinstance(journal_writes(context(instance, local_lake, result.cursor)), dg.SkipReason)
+    assert quiet(journal_writes(context(instance, local_lake, result.cursor)))
 
 
 def test_sensor_skips_datasets_not_yet_partitions(
@@ -190,7 +191,7 @@ def test_sensor_skips_datasets_not_yet_partitions(
     ds = local_lake.create_dataset("later")
     ds.add_entity({"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}})
     # not a partition yet: no event (Dagster would reject it), cursor untouched
-    assert isinstance(journal_writes(context(instance, local_lake)), dg.SkipReason)
+    assert quiet(journal_writes(context(instance, local_lake)))
     instance.add_dynamic_partitions(DATASETS, ["later"])
     assert isinstance(journal_writes(context(instance, local_lake)), dg.SensorResult)
 
@@ -207,3 +208,39 @@ def test_files_with_their_document_need_no_run(
     assert isinstance(result, dg.SensorResult)
     assert len(result.asset_events or []) == 1
     assert not result.run_requests
+
+
+def test_ticks_look_at_changed_datasets_and_sweep_the_rest(
+    local_lake: Lakehouse,
+    instance: dg.DagsterInstance,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A write through the API is reported at the next tick (its change marker moved);
+    a copy behind the API's back, when the sweep (here one dataset a tick) reaches it."""
+    monkeypatch.setattr(sensors, "SWEEP", 1)
+    names = [f"d{i}" for i in range(6)]
+    for name in names:
+        local_lake.create_dataset(name)
+    instance.add_dynamic_partitions(DATASETS, names)
+    result = archive_files(context(instance, local_lake))
+    assert quiet(result)
+    cursor = result.cursor  # type: ignore[union-attr]
+
+    # behind the API's back: a blob in d4's archive, no tag, no marker
+    local_lake.store.write_bytes(
+        cv.dataset_path("d4", cv.ARCHIVE, "ab", "cd", "ef", "ab" * 32, cv.BLOB), b"copied"
+    )
+    source = tmp_path / "memo.txt"
+    source.write_text("a memo")
+    local_lake.dataset("d1").add_file(str(source))
+    reported: list[set[str]] = []
+    for _ in names:
+        result = archive_files(context(instance, local_lake, cursor))
+        events = [] if isinstance(result, dg.SkipReason) else result.asset_events or []
+        reported.append({e.partition for e in events if e.partition})
+        cursor = getattr(result, "cursor", None) or cursor
+    assert reported[0] == {"d1"}  # at once, without listing d4
+    swept = next(i for i, found in enumerate(reported) if "d4" in found)
+    assert 0 < swept < len(names) and reported.count({"d4"}) == 1
+    assert set().union(*reported) == {"d1", "d4"}

@@ -9,7 +9,8 @@
   specification's rule (:mod:`lakehouse_assets.freshness`: the export's tag
   is newer than its dependencies' and the journal is empty). It runs after
   each materialization, and the ``freshness_checks`` sensor re-judges every
-  dataset every few minutes from the tags alone (no Spark). When a dataset's
+  few minutes, from the tags alone (no Spark), the datasets whose change
+  marker moved and a few others in turn. When a dataset's
   state changed, the sensor asks for one ``freshness_job`` run per tick, which
   records the evaluations of every changed dataset, so a journal write shows
   up as a stale export of that dataset, and a flush as a fresh one again.
@@ -32,7 +33,12 @@ from typing import Any
 import dagster as dg
 
 from lakehouse_assets.defs.batch import check_results, for_each_dataset
-from lakehouse_assets.defs.partitions import datasets, existing_datasets, partition_datasets
+from lakehouse_assets.defs.partitions import (
+    Watch,
+    changed_partitions,
+    datasets,
+    existing_datasets,
+)
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.freshness import (
     ENTITIES,
@@ -48,6 +54,12 @@ from lakehouse_assets.lake import Dataset
 from lakehouse_assets.settings import Settings
 
 CHECK = "fresh"
+
+#: Datasets with no announced change re-judged anyway per tick, in turn: every
+#: writer the rule reads moves the change marker (tags, the graph index's
+#: state), so this only catches hand edits (an export deleted); judging one
+#: costs ~15 reads, hence few.
+SWEEP = 5
 
 #: asset key → the kind :func:`lakehouse_assets.freshness.freshness` reports it as.
 KINDS = {
@@ -151,16 +163,17 @@ class FreshnessReportConfig(dg.Config):
 
 
 @dg.op(
+    out={},
     description="Record the `fresh` check of every export, the index and the graph index "
-    "of the given datasets, judged now from the lake's tags."
+    "of the given datasets, judged now from the lake's tags.",
 )
 def report_freshness(
     context: dg.OpExecutionContext, config: FreshnessReportConfig, lakehouse: LakehouseResource
-) -> None:
+) -> Iterator[dg.AssetCheckEvaluation]:
     reported = 0
     for ds in existing_datasets(lakehouse.lake(), config.datasets):
         for key, state in judged(ds).items():
-            context.log_event(evaluation(ds, key, state))
+            yield evaluation(ds, key, state)
             reported += 1
     context.log.info("%d evaluations of %d datasets", reported, len(config.datasets))
 
@@ -178,27 +191,32 @@ def freshness_job() -> None:
     job=freshness_job,
     minimum_interval_seconds=Settings().freshness_check_interval_seconds,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Judges every dataset's exports, index and graph index by the "
-    "specification's freshness rule (tags only, no Spark) and, when some dataset's state "
-    "changed, asks for one `freshness_job` run that records their `fresh` checks.",
+    description="Judges the exports, index and graph index of each dataset whose change "
+    "marker moved (and of a few others in turn) by the specification's freshness rule "
+    "(tags only, no Spark) and, when some dataset's state changed, asks for one "
+    "`freshness_job` run that records their `fresh` checks.",
 )
 def freshness_checks(
     context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
 ) -> dg.SensorResult | dg.SkipReason:
     lake = lakehouse.lake()
-    try:
-        seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
-    except json.JSONDecodeError:
-        seen = {}
+    data = _load_json(context.cursor)
+    # an older cursor (dataset/key → state) keeps its states and judges every dataset once
+    states = data.get("states") if "watch" in data else data
+    seen = {str(k): str(v) for k, v in states.items()} if isinstance(states, dict) else {}
+    watch = Watch.load(data.get("watch"))
+    before = _cursor(seen, watch)
     changed: list[str] = []
-    for ds in partition_datasets(context.instance, lake):
+    for ds in list(changed_partitions(context.instance, lake, watch, sweep=SWEEP)):
         marks = {f"{ds.name}/{key}": _mark(state) for key, state in judged(ds).items()}
         if any(seen.get(k) != v for k, v in marks.items()):
             changed.append(ds.name)
             seen.update(marks)
+    cursor = _cursor(seen, watch)
     if not changed:
-        return dg.SkipReason("no dataset's freshness changed")
-    cursor = json.dumps(seen, sort_keys=True)
+        if cursor == before:
+            return dg.SkipReason("no dataset's freshness changed")
+        return dg.SensorResult(skip_reason="no dataset's freshness changed", cursor=cursor)
     return dg.SensorResult(
         run_requests=[
             dg.RunRequest(
@@ -212,6 +230,18 @@ def freshness_checks(
         ],
         cursor=cursor,
     )
+
+
+def _load_json(raw: str | None) -> dict[str, Any]:
+    try:
+        data = json.loads(raw) if raw else {}
+    except json.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _cursor(states: dict[str, str], watch: Watch) -> str:
+    return json.dumps({"states": states, "watch": watch.dump()}, sort_keys=True)
 
 
 CHECKS = [exports_fresh]

@@ -77,3 +77,15 @@ def daemon_tick(
         assert done.success
         runs.append(done.run_id)
     return result, runs
+
+
+def quiet(result: dg.SensorResult | dg.SkipReason) -> bool:
+    """A tick that reports and requests nothing (it may still save its cursor)."""
+    if isinstance(result, dg.SkipReason):
+        return True
+    return (
+        result.skip_reason is not None
+        and not result.asset_events
+        and not result.run_requests
+        and not result.dynamic_partitions_requests
+    )
