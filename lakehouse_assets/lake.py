@@ -19,7 +19,6 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
 from functools import cached_property
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -27,7 +26,7 @@ from typing import IO, TYPE_CHECKING, Any
 import yaml
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.archive import DOCUMENT_MARK, Archive, FileMeta, document_entity
+from lakehouse_assets.archive import DOCUMENT_MARK, FileMeta, document_entity
 from lakehouse_assets.bulk import BulkWriter
 from lakehouse_assets.catalog import (
     CatalogConfig,
@@ -36,23 +35,19 @@ from lakehouse_assets.catalog import (
     load_catalog_config,
     load_dataset_config,
 )
+from lakehouse_assets.context import DatasetContext
 from lakehouse_assets.errors import DatasetNotFoundError, InvalidInputError
-from lakehouse_assets.jobs import JobRecorder, record_job
 from lakehouse_assets.journal import Journal, Write, iso, statement_row
-from lakehouse_assets.locks import Lock, dataset_lock, operation_lock
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.sources import local_path
 from lakehouse_assets.storage import Store, open_store
-from lakehouse_assets.tables.delta import DeltaLocation
 from lakehouse_assets.tables.snapshot import DatasetSnapshot
-from lakehouse_assets.tags import Tags
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     # followthemoney is imported where an entity or statement is made or read:
     # about 0.5 s of every CLI command and Spark worker that does neither
-    from followthemoney.dataset.dataset import DatasetModel
     from followthemoney.proxy import EntityProxy
     from followthemoney.statement import Statement
     from followthemoney.statement.entity import StatementEntity
@@ -190,110 +185,18 @@ class Lakehouse:
             self.store.write_text(cv.CATALOG_CONFIG, yaml.safe_dump({"name": "catalog"}))
 
 
-class Dataset:
+class Dataset(DatasetContext):
     """One dataset of a lake: archive, journal writes, tags, locks, job runs."""
 
     def __init__(self, lake: Lakehouse, name: str) -> None:
+        super().__init__(
+            name,
+            store=lake.store,
+            settings=lake.settings,
+            tenant=lake.tenant,
+            journal=lambda: lake.journal,
+        )
         self.lake = lake
-        self.name = cv.dataset_name(name)
-        self.store = lake.store
-        self.settings = lake.settings
-
-    def __repr__(self) -> str:
-        return f"<Dataset {self.name} in {self.store.uri}>"
-
-    # --- parts ----------------------------------------------------------
-
-    @cached_property
-    def archive(self) -> Archive:
-        return Archive(self.store, self.name, self.settings)
-
-    @property
-    def journal(self) -> Journal:
-        return self.lake.journal
-
-    @property
-    def statements_table(self) -> DeltaLocation:
-        """The Delta statements table (``entities/statements``, partitioned by origin)."""
-        return DeltaLocation(
-            self.store.full_uri(cv.dataset_path(self.name, cv.STATEMENTS_TABLE)),
-            self.store.storage_options(),
-        )
-
-    @property
-    def translog_table(self) -> DeltaLocation:
-        """The Delta translog table (``entities/translog``)."""
-        return DeltaLocation(
-            self.store.full_uri(cv.dataset_path(self.name, cv.TRANSLOG_TABLE)),
-            self.store.storage_options(),
-        )
-
-    def snapshot(self, translog_version: int | None = None) -> DatasetSnapshot:
-        """The consistent pair of table versions readers see (the latest by default)."""
-        return DatasetSnapshot.load(self.statements_table, self.translog_table, translog_version)
-
-    def tags(self, tenant: str | None = None) -> Tags:
-        """Tags of a tenant (default: the lakehouse's own core tags)."""
-        return Tags(self.store, self.name, tenant or cv.LAKEHOUSE_TENANT)
-
-    @property
-    def core_tags(self) -> Tags:
-        return self.tags(cv.LAKEHOUSE_TENANT)
-
-    def config(self) -> DatasetModel:
-        from followthemoney.dataset.dataset import DatasetModel
-
-        raw = load_dataset_config(self.store, self.name)
-        return DatasetModel.model_validate(raw)
-
-    def lock(self, operation: str = "tables") -> Lock:
-        """The dataset-wide ``.LOCK`` (not taken yet): one writer of the tables, any tenant."""
-        return dataset_lock(
-            self.store,
-            self.name,
-            self.lake.tenant,
-            self.settings.lock_ttl_seconds,
-            operation=operation,
-        )
-
-    @contextmanager
-    def table_lock(self, operation: str, *, wait: float | None = None) -> Iterator[Lock]:
-        """Hold ``.LOCK`` for a write of the dataset's tables (flush, compact, optimize...).
-
-        Waits up to ``wait`` seconds (default ``LAKEHOUSE_LOCK_WAIT_SECONDS``)
-        for another writer, saying once on the log whom it waits for.
-        """
-        lock = self.lock(operation)
-        seconds = self.settings.lock_wait_seconds if wait is None else wait
-        lock.acquire(
-            wait=seconds,
-            on_wait=lambda holder: log.warning(
-                "%s of %s waits up to %ds for %s: %s",
-                operation,
-                self.name,
-                seconds,
-                lock.path,
-                holder.describe(),
-            ),
-        )
-        try:
-            yield lock
-        finally:
-            lock.release()
-
-    def operation_lock(self, operation: str, tenant: str | None = None) -> Lock:
-        """``locks/{tenant}/{operation}``: one run of a tenant's operation at a time.
-
-        The lakehouse's own operations (export, mapping...) use the tenant
-        ``lakehouse`` whoever runs them, so two tenants never run them at once.
-        """
-        return operation_lock(
-            self.store,
-            self.name,
-            tenant or self.lake.tenant,
-            operation,
-            self.settings.lock_ttl_seconds,
-        )
 
     @cached_property
     def queue(self) -> Queue:
@@ -301,10 +204,6 @@ class Dataset:
         from lakehouse_assets.queue import Queue
 
         return Queue(self)
-
-    def job(self, job_type: str) -> AbstractContextManager[JobRecorder]:
-        """Record a run of ``job_type`` under ``jobs/runs/``."""
-        return record_job(self.store, self.name, job_type, self.lake.tenant)
 
     # --- archive --------------------------------------------------------
 
