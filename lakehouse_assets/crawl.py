@@ -205,3 +205,34 @@ def crawl(
         job.run.errors = list(result.errors)
     ds.core_tags.touch(cv.CRAWL_LAST_RUN)
     return result
+
+
+def archive_file(
+    ds: Dataset,
+    uri: str,
+    *,
+    checksum: str | None = None,
+    create_document: bool = False,
+    follow_symlinks: bool = True,
+    **kwargs: Any,
+) -> FileMeta:
+    """Archive one file; optionally write its Document entity to the journal.
+
+    With ``follow_symlinks=False`` (the CLI's default) a local path that is
+    a symlink is refused: naming a link archives what it points at.
+    """
+    path = local_path(uri)
+    if not follow_symlinks and path is not None and path.is_symlink():
+        raise InvalidInputError(
+            f"{uri} is a symlink to {path.resolve()}: archive the target itself, "
+            "or pass --follow-symlinks",
+            dataset=ds.name,
+        )
+    if create_document:
+        # tells the archive sensor the Document entity is already written
+        kwargs["extra"] = {**(kwargs.get("extra") or {}), DOCUMENT_MARK: True}
+    meta = ds.archive.put(uri, checksum=checksum, **kwargs)
+    ds.core_tags.touch(cv.ARCHIVE_LAST_UPDATED)
+    if create_document:
+        ds.add_entity(document_entity(meta), origin="archive")
+    return meta

@@ -512,3 +512,15 @@ def stream_entities(
         for line in fh:
             if line.strip():
                 yield json.loads(line)
+
+
+def stored_statements(ds: Dataset, entity_id: str) -> list[Statement]:
+    """Live statements of an entity: in the Delta table and still in the journal."""
+    cv.entity_id(entity_id)
+    found: dict[tuple[str | None, str | None], Statement] = {}
+    table = live_statements(ds, entity_ids=[entity_id])
+    for stmt in to_statements(table):
+        found[(stmt.origin, stmt.id)] = stmt
+    for stmt in ds.journal.live_entity_statements(ds.name, entity_id):
+        found[(stmt.origin, stmt.id)] = stmt
+    return list(found.values())
