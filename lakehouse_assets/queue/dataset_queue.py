@@ -27,6 +27,7 @@ from lakehouse_assets import faults
 from lakehouse_assets.access import SourceAccess, read_regular
 from lakehouse_assets.archive import DOCUMENT_MARK, document_entity
 from lakehouse_assets.catalog import describe_errors
+from lakehouse_assets.crawl import archive_file
 from lakehouse_assets.entities import entity_statements, validate_entity
 from lakehouse_assets.errors import (
     ConcurrentWriteError,
@@ -36,6 +37,7 @@ from lakehouse_assets.errors import (
     SourceNotFoundError,
 )
 from lakehouse_assets.journal import Row, Write, iso, statement_row
+from lakehouse_assets.query import stored_statements
 from lakehouse_assets.queue.ids import uuid7, uuid7_time, write_id
 from lakehouse_assets.queue.items import (
     EntityDelete,
@@ -51,7 +53,7 @@ from lakehouse_assets.sources import local_path
 from lakehouse_assets.storage import LocalStore
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +166,7 @@ def _consumer() -> dict[str, Any]:
 class Queue:
     """The action queue of one dataset."""
 
-    def __init__(self, dataset: Dataset) -> None:
+    def __init__(self, dataset: DatasetContext) -> None:
         self.dataset = dataset
         self.store = dataset.store
         self.name = dataset.name
@@ -188,7 +190,7 @@ class Queue:
         ``InvalidInputError`` and nothing is queued). A relative local path of
         a file UPSERT is made absolute: the consumer runs elsewhere.
         """
-        who = cv.tenant_name(tenant or self.dataset.lake.tenant)
+        who = cv.tenant_name(tenant or self.dataset.tenant)
         act, res, data = normalize_payload(action, resource, payload)
         if (act, res) == ("UPSERT", "entity"):
             validate_entity(data["entity"], dataset=self.name)
@@ -575,7 +577,7 @@ class Queue:
         elif isinstance(payload, EntityDelete):
             stmts = [
                 s
-                for s in ds.stored_statements(payload.entity_id)
+                for s in stored_statements(ds, payload.entity_id)
                 if payload.origin is None or s.origin == payload.origin
             ]
             now = iso(cv.utcnow())
@@ -592,7 +594,8 @@ class Queue:
             source = local_path(payload.uri)
             if source is not None:  # the policy first: no word on a link's target outside it
                 access.check_path(source, payload.uri)
-            meta = ds.add_file(
+            meta = archive_file(
+                ds,
                 payload.uri,
                 checksum=payload.checksum,
                 file_id=payload.file_id,

@@ -19,11 +19,11 @@ from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
 from lakehouse_assets.tables.snapshot import DatasetSnapshot, arrow_dataset
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 
 def changed_translog_rows(
-    ds: Dataset, old: DatasetSnapshot | None, new: DatasetSnapshot
+    ds: DatasetContext, old: DatasetSnapshot | None, new: DatasetSnapshot
 ) -> tuple[pa.Table, pa.Table]:
     """Translog rows (origin, id, bucket) that differ between two snapshots.
 

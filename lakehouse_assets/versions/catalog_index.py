@@ -18,11 +18,11 @@ from lakehouse_assets.storage import Store
 from lakehouse_assets.versions.chain import head
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 
 def write_catalog(
-    store: Store, context_of: Callable[[str], Dataset], *, snapshot: bool = False
+    store: Store, context_of: Callable[[str], DatasetContext], *, snapshot: bool = False
 ) -> None:
     """Rewrite the catalog ``index.json`` (and ``config.yml`` if missing).
 

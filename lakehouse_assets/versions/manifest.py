@@ -29,7 +29,7 @@ from lakehouse_assets.versions.hashes import canonical_json, known_sha256, multi
 from lakehouse_assets.versions.render import logical_hash
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 
 #: The manifest format (Lode: schema name + version).
@@ -37,7 +37,7 @@ MANIFEST_SCHEMA: Final = {"name": "ftm-lakehouse/manifest", "version": 1}
 
 
 def _file_entries(
-    ds: Dataset, table: str, dt: DeltaTable, known: Mapping[str, Mapping[str, Any]]
+    ds: DatasetContext, table: str, dt: DeltaTable, known: Mapping[str, Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
     """The data files of one table version, with Delta's statistics and SHA-256.
 
@@ -85,7 +85,9 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _log_entries(ds: Dataset, table: str, since: int | None, version: int) -> list[dict[str, Any]]:
+def _log_entries(
+    ds: DatasetContext, table: str, since: int | None, version: int
+) -> list[dict[str, Any]]:
     """The Delta log commits ``(since, version]`` of a table, hashed."""
     entries = []
     start = -1 if since is None else since
@@ -100,7 +102,7 @@ def _log_entries(ds: Dataset, table: str, since: int | None, version: int) -> li
 
 
 def _table_entry(
-    ds: Dataset,
+    ds: DatasetContext,
     table: str,
     location: DeltaLocation,
     version: int | None,
@@ -123,7 +125,7 @@ def _table_entry(
 
 
 def _totals(
-    ds: Dataset, snapshot: DatasetSnapshot, live_statements: int | None = None
+    ds: DatasetContext, snapshot: DatasetSnapshot, live_statements: int | None = None
 ) -> dict[str, Any]:
     """Live statements (distinct ids) and their first_seen/last_seen range, from the
     translog, with bounded memory.
@@ -185,7 +187,7 @@ def _count_live_ids(log_data: Any) -> int:
 
 
 def _export_entries(
-    ds: Dataset, known: MutableMapping[str, Any] | None = None
+    ds: DatasetContext, known: MutableMapping[str, Any] | None = None
 ) -> list[dict[str, Any]]:
     """The exports with size and SHA-256; ``known`` holds what the export pass that
     just wrote a file computed while writing it (by path), so it is not read again."""
@@ -213,7 +215,7 @@ def _export_entries(
 
 
 def build_manifest(
-    ds: Dataset,
+    ds: DatasetContext,
     snapshot: DatasetSnapshot,
     parent: Version | None,
     *,
@@ -292,7 +294,7 @@ def build_manifest(
 
 
 def _graph_entry(
-    ds: Dataset, snapshot: DatasetSnapshot, parent: Version | None = None
+    ds: DatasetContext, snapshot: DatasetSnapshot, parent: Version | None = None
 ) -> dict[str, Any] | None:
     """The graph index as it was when the version was published (when the dataset has
     one): the Delta versions of its tables, the table versions it reflects (and so
