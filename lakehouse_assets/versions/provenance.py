@@ -34,7 +34,7 @@ def _statement_rows(ds: DatasetContext, key: str, snapshot: DatasetSnapshot) -> 
 
     An entity id prunes to one bucket (an entity's statements share it); a
     statement id, a hash no file's range narrows, is found by the files'
-    bloom filters (:func:`tables.point_lookup`).
+    bloom filters (:func:`lakehouse_assets.tables.lookups.point_lookup`).
     """
     from lakehouse_assets.journal import bucket_of
 
