@@ -686,3 +686,49 @@ def test_the_cli_exits_without_teardown_but_runs_exit_handlers_and_flushes(
     assert (listed.returncode, listed.stdout.split()) == (0, ["one"])
     bad = subprocess.run([exe, "--nope"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no such option" in bad.stderr.lower()
+
+
+def test_a_json_document_is_indented_on_a_terminal_and_one_line_on_a_pipe(
+    tmp_path: Path,
+) -> None:
+    """``--json`` for a person (a terminal) is indented; for a script (a pipe) it is
+    one line holding one document. Also: a dataset with no flush yet says so
+    instead of printing table version ``vNone``."""
+    import os
+    import pty
+
+    lake_dir = tmp_path / "lake"
+    Lakehouse(lake_dir, journal_url=f"sqlite:///{tmp_path / 'j.sqlite'}").create_dataset("docs")
+    exe = str(Path(sys.executable).parent / "lakehouse")
+    env = {**os.environ, "LAKEHOUSE_LAKE_URI": str(lake_dir)}
+    env["LAKEHOUSE_JOURNAL_URL"] = f"sqlite:///{tmp_path / 'j.sqlite'}"
+
+    def on_terminal(*args: str) -> str:
+        leader, follower = pty.openpty()
+        with subprocess.Popen(
+            [exe, *args], stdout=follower, stderr=subprocess.DEVNULL, env=env
+        ) as p:
+            os.close(follower)
+            chunks = []
+            while True:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            os.close(leader)
+            assert p.wait(timeout=60) == 0
+        return b"".join(chunks).decode().replace("\r\n", "\n")
+
+    piped = subprocess.run(
+        [exe, "-d", "docs", "status", "--json"], capture_output=True, text=True, env=env
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert len(piped.stdout.strip().splitlines()) == 1
+    shown = on_terminal("-d", "docs", "status", "--json")
+    assert len(shown.strip().splitlines()) > 10
+    assert json.loads(shown) == json.loads(piped.stdout)
+    text = on_terminal("-d", "docs", "status")
+    assert "vNone" not in text and "statements table: none yet (no flush has run)" in text

@@ -7,7 +7,7 @@ import sys
 import click
 
 from lakehouse_assets.cli.context import Context, pass_ctx
-from lakehouse_assets.cli.output import _echo_json
+from lakehouse_assets.cli.output import _echo_document, _echo_json
 from lakehouse_assets.cli.root import cli
 
 
@@ -100,7 +100,7 @@ def verify_cmd(obj: Context, deep: bool, trusted_head: str | None, as_json: bool
     """
     report = obj.dataset().verify(deep=deep, trusted_head=trusted_head)
     if as_json:
-        _echo_json(report.as_dict())
+        _echo_document(report.as_dict())
     else:
         for note in report.notes:
             click.echo(f"note: {note}", err=True)
