@@ -272,3 +272,20 @@ def test_schedules_ask_for_one_run_over_every_dataset() -> None:
             (request,) = list(schedule.evaluate_tick(ctx).run_requests or [])
             assert request.partition_key_range == dg.PartitionKeyRange("a", "c")
             assert request.run_key and "20261122T0200" in request.run_key
+
+
+def test_loading_the_definitions_shows_no_beta_or_preview_notice() -> None:
+    """A code server loads the definitions at every start and every run: Dagster's
+    notices about the two APIs we use on purpose (single-run backfills,
+    partitioned checks) repeated seven blocks each time. Loaded with every
+    warning shown, none of them is printed."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-W", "always", "-c", "import lakehouse_assets.definitions"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "BetaWarning" not in done.stderr and "PreviewWarning" not in done.stderr, done.stderr
