@@ -28,7 +28,6 @@ from lakehouse_assets.access import SourceAccess, read_regular
 from lakehouse_assets.archive import DOCUMENT_MARK, document_entity
 from lakehouse_assets.catalog import describe_errors
 from lakehouse_assets.crawl import archive_file
-from lakehouse_assets.entities import entity_statements, validate_entity
 from lakehouse_assets.errors import (
     ConcurrentWriteError,
     InvalidInputError,
@@ -37,7 +36,6 @@ from lakehouse_assets.errors import (
     SourceNotFoundError,
 )
 from lakehouse_assets.journal import Row, Write, iso, statement_row
-from lakehouse_assets.query import stored_statements
 from lakehouse_assets.queue.ids import uuid7, uuid7_time, write_id
 from lakehouse_assets.queue.items import (
     EntityDelete,
@@ -193,6 +191,8 @@ class Queue:
         who = cv.tenant_name(tenant or self.dataset.tenant)
         act, res, data = normalize_payload(action, resource, payload)
         if (act, res) == ("UPSERT", "entity"):
+            from lakehouse_assets.entities import validate_entity
+
             validate_entity(data["entity"], dataset=self.name)
         if (act, res) == ("UPSERT", "file"):
             path = local_path(data["uri"])
@@ -554,6 +554,11 @@ class Queue:
 
     def _apply(self, item: QueueItem) -> dict[str, Any]:
         """Apply an item (see the module doc for why each branch is safe to redo)."""
+        # followthemoney (about 0.5 s, more on a loaded machine) is imported where an
+        # entity is made or read, not by `status` or `queue ls`, which count items
+        from lakehouse_assets.entities import entity_statements, validate_entity
+        from lakehouse_assets.query import stored_statements
+
         ds, journal = self.dataset, self.dataset.journal
         write = Write(item.tenant, write_id(item.id))
         writes_journal = item.resource == "entity" or bool(item.payload.get("document"))
