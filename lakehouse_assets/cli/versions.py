@@ -109,9 +109,14 @@ def verify_cmd(obj: Context, deep: bool, trusted_head: str | None, as_json: bool
         if report.ok:
             mb = report.bytes_hashed / 1e6
             click.echo(
-                f"ok: {report.dataset}: {report.versions} versions, head {report.head}, "
-                f"{report.files_hashed} files ({mb:.1f} MB) hashed"
+                f"ok: {report.dataset}: {_count(report.versions, 'version')}, head "
+                f"{report.head}, {_count(report.files_hashed, 'file')} ({mb:.1f} MB) hashed"
                 + (", logical hash recomputed" if deep else "")
             )
     if not report.ok:
         sys.exit(1)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 version``, ``2 versions``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
