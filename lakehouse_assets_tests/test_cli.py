@@ -362,6 +362,31 @@ def test_status_says_what_is_stale_and_why(spark: SparkSession, tmp_path: Path) 
     assert text.exit_code == 0 and "entities    fresh" in text.stdout
     assert report["version"]["sequence"] == 1 and "published: version 1" in text.stdout
     assert "graph" not in report["exports"]  # no index yet
+    # the whole catalog at once: status without -d, datasets list --json
+    head = ds.version()
+    assert head is not None
+    lake.create_dataset("empty", title="Nothing yet")
+    ds.add_entity({"id": "p3", "schema": "Person", "properties": {"name": ["Cy"]}})
+    lake_only = ["--lake", str(tmp_path / "lake")]
+    catalog = json.loads(CliRunner().invoke(root, [*lake_only, "status", "--json"]).stdout)
+    by_name = {d["name"]: d for d in catalog["datasets"]}
+    assert sorted(by_name) == ["empty", "stat"]
+    assert (by_name["stat"]["version"], by_name["stat"]["version_hash"]) == (1, head.hash)
+    assert by_name["stat"]["pending"] == 2 and "entities" in by_name["stat"]["stale"]
+    assert by_name["empty"] == {
+        "name": "empty",
+        "title": "Nothing yet",
+        "version": None,
+        "version_hash": None,
+        "published_at": None,
+        "pending": 0,
+        "stale": ["entities", "index", "statements", "statistics"],
+    }
+    listed = CliRunner().invoke(root, [*lake_only, "datasets", "list", "--json"]).stdout
+    assert [json.loads(line) for line in listed.splitlines()] == catalog["datasets"]
+    table = CliRunner().invoke(root, [*lake_only, "status"]).stdout  # not a terminal: the table
+    assert "Nothing yet" in table and "all exports" in table
+    ds.flush()
     # with a graph index: its freshness, and the Cypher export's
     from lakehouse_assets import graph
 
@@ -735,3 +760,9 @@ def test_a_json_document_is_indented_on_a_terminal_and_one_line_on_a_pipe(
     assert json.loads(shown) == json.loads(piped.stdout)
     text = on_terminal("-d", "docs", "status")
     assert "vNone" not in text and "statements table: none yet (no flush has run)" in text
+    # datasets list: a table for a person, names for a script
+    table = on_terminal("datasets", "list").splitlines()
+    assert table[0].split()[:4] == ["dataset", "version", "waiting", "title"]
+    assert table[1].split()[:3] == ["docs", "-", "0"]
+    names = subprocess.run([exe, "datasets", "list"], capture_output=True, text=True, env=env)
+    assert names.stdout.split() == ["docs"]

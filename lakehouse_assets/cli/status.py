@@ -106,16 +106,29 @@ def jobs_ls(obj: Context, job_type: str | None, as_json: bool) -> None:
 def status_cmd(obj: Context, as_json: bool) -> None:
     """What a dataset holds and what is stale: journal rows waiting, table
     versions, each export's freshness (and why), the last job runs, the lock.
+    Without -d: every dataset of the lake, one line each.
 
     Reads only (no flush, no Spark).
 
     \b
     Example:
       lakehouse -d my_dataset status
+      lakehouse status --json | jq '.datasets[] | select(.stale != [])'
     """
     from lakehouse_assets.freshness import freshness
     from lakehouse_assets.jobs import list_runs
 
+    if not obj.dataset_name:
+        from lakehouse_assets.cli.datasets import _dataset_lines, _print_lines
+
+        lines = _dataset_lines(obj)
+        if as_json:
+            _echo_document(
+                {"lake": obj.lake.store.uri, "datasets": [line.as_dict() for line in lines]}
+            )
+        else:
+            _print_lines(lines, obj.lake.store.uri)
+        return
     ds = obj.dataset()
     pending = ds.journal.count(ds.name)
     snapshot = ds.snapshot()
