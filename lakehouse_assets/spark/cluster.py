@@ -150,6 +150,27 @@ def _forget(settings: Settings) -> None:
     _secret_file(settings).unlink(missing_ok=True)
 
 
+def session_conf(settings: Settings, *, loopback: bool) -> dict[str, str]:
+    """What a driver on a cluster master adds (an in-process one, or the local
+    Connect server's): the executors' Python, its share of the cluster, and the
+    local cluster's secret (:func:`auth_conf`). ``loopback``: the master is on
+    127.0.0.1, so the executors reach the driver there (never a public address)."""
+    return {
+        "spark.pyspark.python": executor_python(settings),
+        "spark.executor.memory": settings.spark_executor_memory,
+        "spark.cores.max": str(settings.spark_cores_max),
+        **({"spark.driver.host": HOST} if loopback else {}),
+        **auth_conf(settings, settings.spark_master),
+    }
+
+
+def executor_python(settings: Settings) -> str:
+    """The Python of a cluster's executors (``spark_executor_python``, else this one)."""
+    import sys
+
+    return settings.spark_executor_python or sys.executable
+
+
 def client_conf(settings: Settings) -> dict[str, str]:
     """The Spark settings of a session on the running local cluster, for a process
     that does not share this cache folder (a test fixture hands them to its
@@ -182,7 +203,7 @@ def _spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
-def _env(settings: Settings, scratch: Path, executor_python: str) -> dict[str, str]:
+def _env(settings: Settings, scratch: Path, python: str) -> dict[str, str]:
     """The daemons' environment: ours without PYTHONPATH (an executor must find
     only what its Python has and what the session ships) or a Spark URL."""
     env = {
@@ -199,7 +220,7 @@ def _env(settings: Settings, scratch: Path, executor_python: str) -> dict[str, s
                 f"-Dlog4j2.configurationFile=file:{log4j_config(settings)} "
                 f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData -XX:+UseSerialGC"
             ),
-            "PYSPARK_PYTHON": executor_python,
+            "PYSPARK_PYTHON": python,
         }
     )
     return env
@@ -235,11 +256,10 @@ def start(settings: Settings, *, timeout: float = 120.0) -> ClusterInfo:
             f"port {port} on {HOST} is taken by another program: choose another "
             "with --port or LAKEHOUSE_SPARK_CLUSTER_PORT"
         )
-    executor_python = settings.spark_executor_python or _default_python()
-    if not Path(executor_python).exists():
+    python = executor_python(settings)
+    if not Path(python).exists():
         raise ConfigurationError(
-            f"the executors' Python {executor_python} does not exist "
-            "(LAKEHOUSE_SPARK_EXECUTOR_PYTHON)"
+            f"the executors' Python {python} does not exist (LAKEHOUSE_SPARK_EXECUTOR_PYTHON)"
         )
     require_java()
     folder = _private_dir(cluster_dir(settings))
@@ -259,7 +279,7 @@ def start(settings: Settings, *, timeout: float = 120.0) -> ClusterInfo:
             "spark.worker.cleanup.enabled": "true",
         },
     )
-    env = _env(settings, scratch, executor_python)
+    env = _env(settings, scratch, python)
     spark_class = str(_spark_home() / "bin" / "spark-class")
     url = master_url(port)
     daemons: list[Daemon] = []
@@ -280,7 +300,7 @@ def start(settings: Settings, *, timeout: float = 120.0) -> ClusterInfo:
                 str(work) if work else None,
             )
         )
-        _save(settings, url, executor_python, daemons)
+        _save(settings, url, python, daemons)
 
     web = _free_port()
     launch(
@@ -342,12 +362,6 @@ def start(settings: Settings, *, timeout: float = 120.0) -> ClusterInfo:
         str(logs),
     )
     return status(settings)
-
-
-def _default_python() -> str:
-    import sys
-
-    return sys.executable
 
 
 def _save(settings: Settings, url: str, python: str, daemons: list[Daemon]) -> None:

@@ -65,6 +65,7 @@ def sql_conf(settings: Settings) -> dict[str, str]:
 def spark_conf(settings: Settings) -> dict[str, str]:
     """The configuration of an in-process Spark."""
     from lakehouse_assets.spark.cds import java_options
+    from lakehouse_assets.spark.cluster import session_conf
     from lakehouse_assets.spark.connect import is_loopback, local_auth, log4j_config
 
     scratch = scratch_dir(settings)
@@ -87,7 +88,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         ).strip(),
         "spark.driver.bindAddress": "127.0.0.1" if loopback else "0.0.0.0",
         **local_auth(settings),
-        **(cluster_conf(settings, loopback) if not local else {}),
+        **(session_conf(settings, loopback=loopback) if not local else {}),
         **sql_conf(settings),
         **settings.spark_config,
     }
@@ -97,22 +98,6 @@ def _master_host(master: str) -> str:
     from urllib.parse import urlparse
 
     return urlparse(master.split(",")[0]).hostname or ""
-
-
-def cluster_conf(settings: Settings, loopback: bool) -> dict[str, str]:
-    """What a session on a cluster master adds: the executors' Python, its share of
-    the cluster, and the local cluster's secret (:func:`cluster.auth_conf`)."""
-    from lakehouse_assets.spark.cluster import auth_conf
-
-    return {
-        "spark.pyspark.python": settings.spark_executor_python or sys.executable,
-        "spark.executor.memory": settings.spark_executor_memory,
-        "spark.cores.max": str(settings.spark_cores_max),
-        # the executors connect back to the driver: on loopback for a local
-        # cluster (never a public address), else the host's name
-        **({"spark.driver.host": "127.0.0.1"} if loopback else {}),
-        **auth_conf(settings, settings.spark_master),
-    }
 
 
 def is_connect(spark: SparkSession) -> bool:
