@@ -33,6 +33,7 @@ from lakehouse_assets_tests.conftest import (
     cli_args,
     free_port,
     lakehouse_env,
+    run_python,
     sample_entities,
 )
 from lakehouse_assets_tests.helpers.data import table_rows
@@ -291,13 +292,31 @@ def test_a_connect_server_on_the_cluster_runs_the_shipped_code(
     its own data-source planning and for the executors) lacks the package: a
     client's session ships the code (addArtifacts), and flush + exports run
     there from a CLI process with only LAKEHOUSE_SPARK_REMOTE set."""
+    import json
+
     from lakehouse_assets.spark import connect
 
     server = spark_cluster.model_copy(update={"cache_dir": str(tmp_path / "connect")})
     port = free_port()
-    info = connect.start(server, port)
+    # started by another process: a Connect client in this one (start's first
+    # query) would mark it as a Connect process beside its in-process Spark
+    started = run_python(
+        "import sys\n"
+        "from lakehouse_assets.settings import Settings\n"
+        "from lakehouse_assets.spark import connect\n"
+        "print(connect.start(Settings(), int(sys.argv[1])).running)\n",
+        str(port),
+        env={
+            **os.environ,
+            "LAKEHOUSE_CACHE_DIR": server.cache_dir,
+            "LAKEHOUSE_SPARK_MASTER": server.spark_master,
+            "LAKEHOUSE_SPARK_EXECUTOR_PYTHON": str(server.spark_executor_python),
+            "LAKEHOUSE_SPARK_CONFIG": json.dumps(server.spark_config),
+        },
+        timeout=600,
+    )
     try:
-        assert info.running
+        assert started.stdout.strip() == "True", started.stderr
         ds = local_lake.create_dataset("over_connect")
         written = sum(ds.add_entity(e, origin="import") for e in sample_entities())
         env = lakehouse_env(local_lake, LAKEHOUSE_SPARK_REMOTE=connect.client_url(server, port))
