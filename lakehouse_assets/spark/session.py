@@ -9,7 +9,14 @@ Two ways to run the same jobs:
   process (``LAKEHOUSE_SPARK_MASTER`` may name a cluster master instead).
 
 The lakehouse's code uses only what both offer: DataFrames, SQL,
-``mapInArrow`` and the Python data source, never the SparkContext or RDDs.
+``mapInArrow`` and the Python data source, never the SparkContext or RDDs
+(the session itself uses the SparkContext of an in-process Spark to learn its
+master and to ship the code).
+
+On a cluster (a ``spark://`` or other non-local master, or a Connect server
+that is not a local-mode one on this machine: :func:`runs_elsewhere`) the
+session ships this package to the executors (:mod:`.shipping`), and checks
+once that they see a local lake folder (:mod:`.probe`); see docs/cluster.md.
 Delta tables are committed by delta-rs, so Spark needs no extra JARs (Maven
 is not reachable); Spark writes Parquet with the timestamp type Delta expects.
 """
