@@ -14,12 +14,10 @@ Example:
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
 from functools import cached_property
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -27,32 +25,28 @@ from typing import IO, TYPE_CHECKING, Any
 import yaml
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.archive import DOCUMENT_MARK, Archive, FileMeta, document_entity
+from lakehouse_assets.archive import FileMeta
 from lakehouse_assets.bulk import BulkWriter
 from lakehouse_assets.catalog import (
     CatalogConfig,
     Source,
     apply_catalog_config,
+    dataset_names,
     load_catalog_config,
     load_dataset_config,
 )
-from lakehouse_assets.errors import DatasetNotFoundError, InvalidInputError
-from lakehouse_assets.jobs import JobRecorder, record_job
+from lakehouse_assets.context import DatasetContext
+from lakehouse_assets.errors import DatasetNotFoundError
 from lakehouse_assets.journal import Journal, Write, iso, statement_row
-from lakehouse_assets.locks import Lock, dataset_lock, operation_lock
 from lakehouse_assets.settings import Settings
-from lakehouse_assets.sources import local_path
 from lakehouse_assets.storage import Store, open_store
-from lakehouse_assets.tables.delta import DeltaLocation
 from lakehouse_assets.tables.snapshot import DatasetSnapshot
-from lakehouse_assets.tags import Tags
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     # followthemoney is imported where an entity or statement is made or read:
     # about 0.5 s of every CLI command and Spark worker that does neither
-    from followthemoney.dataset.dataset import DatasetModel
     from followthemoney.proxy import EntityProxy
     from followthemoney.statement import Statement
     from followthemoney.statement.entity import StatementEntity
@@ -111,13 +105,7 @@ class Lakehouse:
 
     def datasets(self) -> list[str]:
         """Names of the datasets in this lake (folders with a config.yml)."""
-        names = []
-        for name in self.store.list_dirs(""):
-            if cv.DATASET_NAME.fullmatch(name) and self.store.exists(
-                cv.dataset_path(name, cv.CONFIG)
-            ):
-                names.append(name)
-        return names
+        return dataset_names(self.store)
 
     def create_dataset(self, name: str, *, title: str | None = None, **fields: Any) -> Dataset:
         """Create a dataset (idempotent: an existing config is updated).
@@ -156,144 +144,24 @@ class Lakehouse:
         return Dataset(self, name)
 
     def write_catalog(self, *, snapshot: bool = False) -> None:
-        """Rewrite the catalog ``index.json`` (and ``config.yml`` if missing).
+        """Rewrite the catalog ``index.json`` (see :mod:`lakehouse_assets.versions.catalog_index`)."""
+        from lakehouse_assets.versions.catalog_index import write_catalog
 
-        Each dataset is listed with its latest published version and logical
-        hash; with ``snapshot`` (after a dataset published a version) a copy
-        goes under ``versions/YYYY/MM/{timestamp}/index.json``. Every rewrite
-        reads every dataset's head, so two datasets publishing at once leave
-        a catalog that the next publish completes.
-        """
-        from lakehouse_assets import versions
-
-        entries = []
-        for name in self.datasets():
-            cfg = load_dataset_config(self.store, name)
-            entry: dict[str, Any] = {"name": name, "title": cfg.get("title", name)}
-            head = versions.head(self.dataset(name))
-            if head is not None:
-                entry["version"] = {
-                    "sequence": head.sequence,
-                    "hash": head.hash,
-                    "logical_hash": head.manifest["logical_hash"],
-                    "published_at": head.manifest["created_at"],
-                    "manifest": head.path,
-                }
-            entries.append(entry)
-        now = cv.utcnow()
-        index = {"datasets": entries, "updated_at": now.isoformat()}
-        text = json.dumps(index, indent=2)
-        self.store.write_text(cv.CATALOG_INDEX, text)
-        if snapshot:
-            self.store.write_text(cv.catalog_version(cv.CATALOG_INDEX, now), text)
-        if not self.store.exists(cv.CATALOG_CONFIG):
-            self.store.write_text(cv.CATALOG_CONFIG, yaml.safe_dump({"name": "catalog"}))
+        write_catalog(self.store, self.dataset, snapshot=snapshot)
 
 
-class Dataset:
+class Dataset(DatasetContext):
     """One dataset of a lake: archive, journal writes, tags, locks, job runs."""
 
     def __init__(self, lake: Lakehouse, name: str) -> None:
+        super().__init__(
+            name,
+            store=lake.store,
+            settings=lake.settings,
+            tenant=lake.tenant,
+            journal=lambda: lake.journal,
+        )
         self.lake = lake
-        self.name = cv.dataset_name(name)
-        self.store = lake.store
-        self.settings = lake.settings
-
-    def __repr__(self) -> str:
-        return f"<Dataset {self.name} in {self.store.uri}>"
-
-    # --- parts ----------------------------------------------------------
-
-    @cached_property
-    def archive(self) -> Archive:
-        return Archive(self.store, self.name, self.settings)
-
-    @property
-    def journal(self) -> Journal:
-        return self.lake.journal
-
-    @property
-    def statements_table(self) -> DeltaLocation:
-        """The Delta statements table (``entities/statements``, partitioned by origin)."""
-        return DeltaLocation(
-            self.store.full_uri(cv.dataset_path(self.name, cv.STATEMENTS_TABLE)),
-            self.store.storage_options(),
-        )
-
-    @property
-    def translog_table(self) -> DeltaLocation:
-        """The Delta translog table (``entities/translog``)."""
-        return DeltaLocation(
-            self.store.full_uri(cv.dataset_path(self.name, cv.TRANSLOG_TABLE)),
-            self.store.storage_options(),
-        )
-
-    def snapshot(self, translog_version: int | None = None) -> DatasetSnapshot:
-        """The consistent pair of table versions readers see (the latest by default)."""
-        return DatasetSnapshot.load(self.statements_table, self.translog_table, translog_version)
-
-    def tags(self, tenant: str | None = None) -> Tags:
-        """Tags of a tenant (default: the lakehouse's own core tags)."""
-        return Tags(self.store, self.name, tenant or cv.LAKEHOUSE_TENANT)
-
-    @property
-    def core_tags(self) -> Tags:
-        return self.tags(cv.LAKEHOUSE_TENANT)
-
-    def config(self) -> DatasetModel:
-        from followthemoney.dataset.dataset import DatasetModel
-
-        raw = load_dataset_config(self.store, self.name)
-        return DatasetModel.model_validate(raw)
-
-    def lock(self, operation: str = "tables") -> Lock:
-        """The dataset-wide ``.LOCK`` (not taken yet): one writer of the tables, any tenant."""
-        return dataset_lock(
-            self.store,
-            self.name,
-            self.lake.tenant,
-            self.settings.lock_ttl_seconds,
-            operation=operation,
-        )
-
-    @contextmanager
-    def table_lock(self, operation: str, *, wait: float | None = None) -> Iterator[Lock]:
-        """Hold ``.LOCK`` for a write of the dataset's tables (flush, compact, optimize...).
-
-        Waits up to ``wait`` seconds (default ``LAKEHOUSE_LOCK_WAIT_SECONDS``)
-        for another writer, saying once on the log whom it waits for.
-        """
-        lock = self.lock(operation)
-        seconds = self.settings.lock_wait_seconds if wait is None else wait
-        lock.acquire(
-            wait=seconds,
-            on_wait=lambda holder: log.warning(
-                "%s of %s waits up to %ds for %s: %s",
-                operation,
-                self.name,
-                seconds,
-                lock.path,
-                holder.describe(),
-            ),
-        )
-        try:
-            yield lock
-        finally:
-            lock.release()
-
-    def operation_lock(self, operation: str, tenant: str | None = None) -> Lock:
-        """``locks/{tenant}/{operation}``: one run of a tenant's operation at a time.
-
-        The lakehouse's own operations (export, mapping...) use the tenant
-        ``lakehouse`` whoever runs them, so two tenants never run them at once.
-        """
-        return operation_lock(
-            self.store,
-            self.name,
-            tenant or self.lake.tenant,
-            operation,
-            self.settings.lock_ttl_seconds,
-        )
 
     @cached_property
     def queue(self) -> Queue:
@@ -301,10 +169,6 @@ class Dataset:
         from lakehouse_assets.queue import Queue
 
         return Queue(self)
-
-    def job(self, job_type: str) -> AbstractContextManager[JobRecorder]:
-        """Record a run of ``job_type`` under ``jobs/runs/``."""
-        return record_job(self.store, self.name, job_type, self.lake.tenant)
 
     # --- archive --------------------------------------------------------
 
@@ -322,21 +186,16 @@ class Dataset:
         With ``follow_symlinks=False`` (the CLI's default) a local path that is
         a symlink is refused: naming a link archives what it points at.
         """
-        path = local_path(uri)
-        if not follow_symlinks and path is not None and path.is_symlink():
-            raise InvalidInputError(
-                f"{uri} is a symlink to {path.resolve()}: archive the target itself, "
-                "or pass --follow-symlinks",
-                dataset=self.name,
-            )
-        if create_document:
-            # tells the archive sensor the Document entity is already written
-            kwargs["extra"] = {**(kwargs.get("extra") or {}), DOCUMENT_MARK: True}
-        meta = self.archive.put(uri, checksum=checksum, **kwargs)
-        self.core_tags.touch(cv.ARCHIVE_LAST_UPDATED)
-        if create_document:
-            self.add_entity(document_entity(meta), origin="archive")
-        return meta
+        from lakehouse_assets.crawl import archive_file
+
+        return archive_file(
+            self,
+            uri,
+            checksum=checksum,
+            create_document=create_document,
+            follow_symlinks=follow_symlinks,
+            **kwargs,
+        )
 
     def crawl(
         self,
@@ -441,16 +300,9 @@ class Dataset:
 
     def stored_statements(self, entity_id: str) -> list[Statement]:
         """Live statements of an entity: in the Delta table and still in the journal."""
-        from lakehouse_assets.query import live_statements, to_statements
+        from lakehouse_assets.query import stored_statements
 
-        cv.entity_id(entity_id)
-        found: dict[tuple[str | None, str | None], Statement] = {}
-        table = live_statements(self, entity_ids=[entity_id])
-        for stmt in to_statements(table):
-            found[(stmt.origin, stmt.id)] = stmt
-        for stmt in self.journal.live_entity_statements(self.name, entity_id):
-            found[(stmt.origin, stmt.id)] = stmt
-        return list(found.values())
+        return stored_statements(self, entity_id)
 
     def delete_entity(self, entity_id: str, origin: str | None = None) -> int:
         """Tombstone every statement of an entity; returns how many."""
