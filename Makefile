@@ -36,11 +36,14 @@ ui: install java
 	@LAKE=$(DEMO_LAKE) VENV=$(VENV) UI_PORT=$(UI_PORT) sh lakehouse_assets/sample/ui.sh
 
 # the suite with Spark Connect (a server per test worker), then the data-plane
-# group again with an in-process Spark (one process cannot mix the two)
+# group again with an in-process Spark (one process cannot mix the two), then
+# on a local standalone cluster (a master and 2 workers per test worker, the
+# executors without this package, PostgreSQL journals) with the cluster tests
 test: install java
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH dg check defs
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 	LAKEHOUSE_TEST_SPARK=inprocess $(PY) -m pytest -n 2 --dist loadfile -m spark_modes $(PYTEST_ARGS)
+	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist loadfile -m "spark_modes or cluster" $(PYTEST_ARGS)
 
 # the property suite with every property at >= 100 examples locally, 20 on S3 (long)
 test-thorough: install java
