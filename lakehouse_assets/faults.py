@@ -34,6 +34,7 @@ FLUSH_POINTS: Final = (
     "flush.after_claim",
     "flush.after_parquet",
     "flush.after_statements_commit",
+    "flush.before_changes_commit",
     "flush.after_translog_commit",
     "flush.before_journal_clear",
     "flush.after_batch",
