@@ -339,7 +339,8 @@ def _run_pass(
             }
         if spark_index is not None and chunks is not None:
             files = {
-                k: {x: out[k][x] for x in ("path", "size", "sha256")} for k in (STATEMENTS, ENTITIES)
+                k: {x: out[k][x] for x in ("path", "size", "sha256")}
+                for k in (STATEMENTS, ENTITIES)
             }
             incremental.full_state(ds, snapshot, spark_index, chunks.lengths(), files)
             step("incremental state saved")
@@ -382,6 +383,7 @@ def _describe(w: _Written) -> dict[str, Any]:
 
 
 # --- operations ---------------------------------------------------------------
+
 
 def export(
     ds: Dataset, kinds: Sequence[str] = (STATEMENTS, ENTITIES, STATISTICS), force: bool = False

@@ -43,6 +43,10 @@ EXPORT_POINTS: Final = (
     "export.after_parts",
     "export.before_replace",
     "export.after_replace",
+    # an incremental export (incremental.py): files spliced, nothing replaced yet;
+    # the three files replaced, the state not yet written
+    "export.after_splice",
+    "export.before_state",
 )
 COMPACT_POINTS: Final = (
     "compact.after_parquet",

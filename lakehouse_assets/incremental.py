@@ -50,12 +50,12 @@ import pyarrow.parquet as pq
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, progress, staging
-from lakehouse_assets.query import SORT, csv_header, live_statements
-from lakehouse_assets.spark import ftm_sql
-from lakehouse_assets.storage import LocalStore
 from lakehouse_assets.freshness import ENTITIES as ENTITIES_KIND
 from lakehouse_assets.freshness import STATEMENTS as STATEMENTS_KIND
 from lakehouse_assets.freshness import STATISTICS as STATISTICS_KIND
+from lakehouse_assets.query import SORT, csv_header, live_statements
+from lakehouse_assets.spark import ftm_sql
+from lakehouse_assets.storage import LocalStore
 from lakehouse_assets.tables.feed import Changes, changes_between
 from lakehouse_assets.tables.schemas import STATEMENTS_PARTITION
 from lakehouse_assets.tables.snapshot import DatasetSnapshot
@@ -63,7 +63,7 @@ from lakehouse_assets.tables.snapshot import DatasetSnapshot
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from lakehouse_assets.context import DatasetContext as Dataset
+    from lakehouse_assets.lake import Dataset
 
 log = logging.getLogger(__name__)
 
@@ -354,8 +354,9 @@ def _changed_rows(
             .agg(F.array_sort(F.collect_list("s")).alias("lines"))
             .select(
                 "canonical_id",
-                F.concat(F.array_join(F.expr("transform(lines, x -> x.line)"), "\n"), F.lit("\n"))
-                .alias("csv"),
+                F.concat(
+                    F.array_join(F.expr("transform(lines, x -> x.line)"), "\n"), F.lit("\n")
+                ).alias("csv"),
             )
             .toArrow()
         )
@@ -384,7 +385,9 @@ def _changed_rows(
 
 
 #: The changed entities' rows: the index's columns and their lines.
-ROWS_SCHEMA = pa.schema([*INDEX_SCHEMA, pa.field("csv", pa.string()), pa.field("json", pa.string())])
+ROWS_SCHEMA = pa.schema(
+    [*INDEX_SCHEMA, pa.field("csv", pa.string()), pa.field("json", pa.string())]
+)
 
 
 def _empty_rows() -> pa.Table:
@@ -513,7 +516,7 @@ def refresh(
         )
         tmp_dir.mkdir(parents=True, exist_ok=True)
         header = csv_header()
-        made: dict[str, tuple[Path, int, str]] = {}
+        made: dict[str, tuple[Path, int, str, int]] = {}
         carried = 0
         for kind, column, text, head in (
             (STATEMENTS_KIND, "csv_bytes", "csv", len(header)),
@@ -525,7 +528,7 @@ def refresh(
             size, sha, moved = _splice(
                 ds, state.files[kind]["path"], state.files[kind], head, lengths, plan, texts, tmp
             )
-            made[kind] = (tmp, size, sha)
+            made[kind] = (tmp, size, sha, moved)
             carried += moved
         step("files spliced (%s bytes carried over)", f"{carried:,}")
         # the new index: old ranges and new rows in plan order (a take, no sort)
@@ -549,10 +552,17 @@ def refresh(
             (STATEMENTS_KIND, counted.statements),
             (ENTITIES_KIND, counted.entities),
         ):
-            tmp, size, sha = made[kind]
+            tmp, size, sha, moved = made[kind]
             path = state.files[kind]["path"]
             store.put_file(cv.dataset_path(ds.name, path), tmp)
-            written[kind] = {"rows": rows_count, "path": path, "size": size, "sha256": sha, **common}
+            written[kind] = {
+                "rows": rows_count,
+                "path": path,
+                "size": size,
+                "sha256": sha,
+                "bytes_carried": moved,
+                **common,
+            }
         stats = counted.dataset_stats()
         text = ftm_sql.stats_json(stats)
         store.write_text(cv.dataset_path(ds.name, cv.STATISTICS_JSON), text)
@@ -566,7 +576,6 @@ def refresh(
             "stats": json.loads(text),
             **common,
         }
-        written[STATEMENTS_KIND]["bytes_carried"] = carried
         faults.point("export.before_state")
         files = {k: {x: written[k][x] for x in ("path", "size", "sha256")} for k in made}
         ExportState(snapshot.versions, "", files, aggregates).save(ds, new_index)
@@ -595,7 +604,9 @@ def attempt(
         if changes.gap is not None:
             reason = f"change feed: {changes.gap}"
         elif entities >= SHARE_FROM and len(changes.entities) > MAX_CHANGED_SHARE * entities:
-            reason = f"{len(changes.entities)} of {entities} entities changed: a full pass is cheaper"
+            reason = (
+                f"{len(changes.entities)} of {entities} entities changed: a full pass is cheaper"
+            )
         else:
             try:
                 refreshed = refresh(ds, snapshot, state, changes)

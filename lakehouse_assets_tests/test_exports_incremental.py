@@ -67,7 +67,9 @@ def test_small_change_is_incremental_and_byte_identical(spark: Any, ds: Dataset)
     ds.delete_entity(str(base[2]["id"]))  # deleted
     ds.delete_entity("p-zz")  # the last entity of the files
     flushed = ds.flush()
-    changes = changes_between(ds.changes_table, flushed.translog_version - 1, flushed.translog_version)
+    changes = changes_between(
+        ds.changes_table, flushed.translog_version - 1, flushed.translog_version
+    )
     assert changes.gap is None
     assert {"p-aa", "p-mm", "p-zz", str(base[1]["id"]), str(base[2]["id"])} <= set(changes.entities)
     result = ds.export(THREE)
@@ -109,9 +111,7 @@ def test_a_gap_in_the_feed_takes_the_full_path_and_says_why(spark: Any, ds: Data
     assert result.mode == "full" and "no change feed" in str(result.reason)
 
 
-def test_a_state_that_does_not_match_the_files_takes_the_full_path(
-    spark: Any, ds: Dataset
-) -> None:
+def test_a_state_that_does_not_match_the_files_takes_the_full_path(spark: Any, ds: Dataset) -> None:
     path = cv.dataset_path(ds.name, cv.ENTITIES_JSON)
     data = ds.store.read_bytes(path)
     ds.store.write_bytes(path, data.replace(b'"Person"', b'"PERSON"', 1))  # same size
@@ -138,7 +138,15 @@ else:
 def crash_at(ds: Dataset, op: str, point: str) -> None:
     lake = ds.lake
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, lake.store.uri, lake.settings.resolved_journal_url(), ds.name, op],
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            lake.store.uri,
+            lake.settings.resolved_journal_url(),
+            ds.name,
+            op,
+        ],
         env=lakehouse_env(lake, LAKEHOUSE_CRASH_AT=point),
         capture_output=True,
         timeout=600,
