@@ -74,7 +74,7 @@ def change(base: Path, out: Path, seed: int) -> tuple[list[str], int, int]:
             fh.write(json.dumps({**e, "id": f"{e['id']}-new"}) + "\n")
         for e in entities[new : new + again]:
             props = {k: list(v) for k, v in e.get("properties", {}).items()}
-            props.setdefault("notes", []).append("updated today")
+            props.setdefault("summary", []).append("updated today")
             fh.write(json.dumps({**e, "properties": props}) + "\n")
     return [str(e["id"]) for e in entities[new + again : new + again + gone]], new, again
 

@@ -19,8 +19,9 @@ import pytest
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.lake import Dataset, Lakehouse
+from lakehouse_assets.settings import Settings
 from lakehouse_assets.tables.feed import changes_between
-from lakehouse_assets_tests.conftest import lakehouse_env, sample_entities
+from lakehouse_assets_tests.conftest import lakehouse_env, make_bucket, sample_entities
 
 THREE = ["statements", "entities", "statistics"]
 FILES = (cv.STATEMENTS_CSV, cv.ENTITIES_JSON, cv.STATISTICS_JSON)
@@ -178,4 +179,21 @@ def test_a_crash_between_the_translog_and_the_feed_is_a_gap(spark: Any, ds: Data
     ds.add_entity(entity("p-bb", "Bob"), origin="crawl")
     ds.flush()
     assert ds.export(THREE).mode == "incremental"
+    assert exported(ds) == rebuilt(ds)
+
+
+def test_incremental_on_an_s3_lake(spark: Any, s3_settings: Settings, tmp_path: Path) -> None:
+    lake = Lakehouse(
+        f"s3://{make_bucket(s3_settings)}/lake",
+        settings=s3_settings,
+        journal_url=f"sqlite:///{tmp_path / 'journal.sqlite'}",
+    )
+    ds = lake.create_dataset("incr_s3")
+    for e in sample_entities()[:5]:
+        ds.add_entity(e, origin="crawl")
+    assert ds.export(THREE).mode == "full"
+    ds.add_entity(entity("p-aa", "Anna First", country="fr"), origin="enrich")
+    ds.delete_entity(str(sample_entities()[3]["id"]))
+    result = ds.export(THREE)
+    assert result.mode == "incremental", result.reason
     assert exported(ds) == rebuilt(ds)
