@@ -242,8 +242,8 @@ class ExportState:
             return None
 
     def index(self, ds: Dataset) -> pa.Table:
-        with ds.store.open_read(self.path(ds, self.index_file)) as handle:
-            return pq.read_table(handle).cast(INDEX_SCHEMA)
+        data = ds.store.read_bytes(self.path(ds, self.index_file))
+        return pq.read_table(pa.BufferReader(data)).cast(INDEX_SCHEMA)
 
     def save(self, ds: Dataset, index: pa.Table) -> None:
         """The index under a new name, then the state naming it (the commit
