@@ -336,6 +336,8 @@ def _changed_rows(
     from lakehouse_assets.spark.session import get_spark
     from lakehouse_assets.tables.spark_io import arrow_frame
 
+    if not entity_ids:  # (no ids would make live_statements read every entity)
+        return _empty_rows()
     live = live_statements(ds, entity_ids=list(entity_ids), snapshot=snapshot)
     if live.num_rows == 0:
         return _empty_rows()
