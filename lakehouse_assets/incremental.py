@@ -601,7 +601,9 @@ def attempt(
     elif state is None:
         reason = "no export state (a first export, or one older than incremental exports)"
     else:
-        changes = changes_between(ds.changes_table, state.snapshot[1], snapshot.versions[1])
+        changes = changes_between(
+            ds.changes_table, ds.translog_table, state.snapshot[1], snapshot.versions[1]
+        )
         entities = sum(v[0] for v in state.aggregates.schemas.values())
         if changes.gap is not None:
             reason = f"change feed: {changes.gap}"

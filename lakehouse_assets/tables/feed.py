@@ -7,7 +7,8 @@ covered, and a row per statement the batch wrote (``live``: new, or written
 again so its seen range moved) or deleted (``dead``), with its entity's
 canonical id. A reader that wants what changed between two translog versions
 (:func:`changes_between`) gets the union of their rows, or a gap: a version
-with no ``version`` row was made by something else (compaction, optimize), by
+with no ``version`` row that changed data was made by something else (a
+compaction), by
 a flush that died between its two commits (its rerun commits a later version
 that is covered), or before the lake had a feed. A gap is not an error: the
 reader takes its full path, and says why.
@@ -18,6 +19,7 @@ no reader can have seen an earlier one, and its rows are every statement.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -25,7 +27,7 @@ import pyarrow.compute as pc
 
 from lakehouse_assets.tables.delta import DeltaLocation
 from lakehouse_assets.tables.schemas import CHANGES_SCHEMA
-from lakehouse_assets.tables.snapshot import Snapshot, arrow_dataset
+from lakehouse_assets.tables.snapshot import Snapshot, _commit_file, arrow_dataset
 
 #: the ``change`` values of the feed's rows
 VERSION, LIVE, DEAD = "version", "live", "dead"
@@ -44,12 +46,15 @@ class Changes:
     gap: str | None = None
 
 
-def changes_between(changes: DeltaLocation, since: int | None, until: int | None) -> Changes:
+def changes_between(
+    changes: DeltaLocation, translog: DeltaLocation, since: int | None, until: int | None
+) -> Changes:
     """The entities changed by translog versions ``since`` (excluded) to ``until``.
 
     ``since`` is the version a previous result was built from; every version
-    after it up to ``until`` must be covered by the feed, or the answer is a
-    gap with its reason.
+    after it up to ``until`` must be covered by the feed or change no data
+    (:func:`changes_no_data`: a published version's commit, an optimize), or
+    the answer is a gap with its reason.
     """
     if since is None or until is None:
         return Changes(gap="no earlier translog version to start from")
@@ -66,7 +71,11 @@ def changes_between(changes: DeltaLocation, since: int | None, until: int | None
     )
     kind = rows.column("change")
     covered = set(rows.filter(pc.equal(kind, VERSION)).column("translog_version").to_pylist())
-    missing = [v for v in range(since + 1, until + 1) if v not in covered]
+    missing = [
+        v
+        for v in range(since + 1, until + 1)
+        if v not in covered and not changes_no_data(translog, v)
+    ]
     if missing:
         shown = ", ".join(str(v) for v in missing[:5]) + (" ..." if len(missing) > 5 else "")
         return Changes(
@@ -80,6 +89,25 @@ def changes_between(changes: DeltaLocation, since: int | None, until: int | None
         live=int(pc.sum(pc.equal(stmts.column("change"), LIVE)).as_py() or 0),
         dead=int(pc.sum(pc.equal(stmts.column("change"), DEAD)).as_py() or 0),
     )
+
+
+def changes_no_data(location: DeltaLocation, version: int) -> bool:
+    """True if a commit adds and removes no data: only app transactions (a published
+    version's commit, :mod:`lakehouse_assets.versions`), or files rewritten with
+    ``dataChange`` false (optimize). Read from the commit's own log entry; an
+    entry that is gone (log clean-up) or unreadable counts as a change."""
+    fs, path = _commit_file(location, version)
+    try:
+        with fs.open_input_stream(path) as src:
+            lines = src.read().decode("utf-8").splitlines()
+        for line in lines:
+            action = json.loads(line) if line.strip() else {}
+            for kind in ("add", "remove"):
+                if kind in action and action[kind].get("dataChange", True):
+                    return False
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def version_row(translog_version: int, statements_version: int | None, flush_id: str) -> pa.Table:
