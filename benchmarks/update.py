@@ -84,12 +84,16 @@ def main() -> None:
     parser.add_argument("--statements", type=int, default=KEK_STATEMENTS)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--base", type=Path, default=None, help="a kept run's folder: its lake is the base"
+    )
+    parser.add_argument("--seed", type=int, default=42, help="which entities the change picks")
     args = parser.parse_args()
     data = write_data(
         Path(__file__).resolve().parent / ".data" / f"kek-{args.statements}.ftm.json",
         args.statements,
     )
-    root = Path(tempfile.mkdtemp(prefix="update-bench-", dir=args.workdir))
+    root = args.base or Path(tempfile.mkdtemp(prefix="update-bench-", dir=args.workdir))
     lake, log = root / "lake", root / "steps.log"
     url = f"sqlite:///{root / 'journal.sqlite'}"
     env = {**os.environ, "LAKEHOUSE_LAKE_URI": str(lake), "LAKEHOUSE_JOURNAL_URL": url}
@@ -97,14 +101,14 @@ def main() -> None:
     on = [*cli, "-d", DATASET]
     figures: dict[str, float] = {}
     try:
-        timed([*cli, "datasets", "create", DATASET], env, log)
-        figures["base write"] = timed(
-            [*on, "entities", "write", "-i", str(data), "-o", ORIGIN], env, log
-        )
-        figures["base flush"] = timed([*on, "flush"], env, log)
-        figures["base exports (full)"] = timed([*on, "export"], env, log)
-        changed = root / "change.ftm.json"
-        deleted, new, again = change(data, changed, seed=42)
+        if args.base is None:
+            timed([*cli, "datasets", "create", DATASET], env, log)
+            write = [*on, "entities", "write", "-i", str(data), "-o", ORIGIN]
+            figures["base write"] = timed(write, env, log)
+            figures["base flush"] = timed([*on, "flush"], env, log)
+            figures["base exports (full)"] = timed([*on, "export"], env, log)
+        changed = root / f"change-{args.seed}.ftm.json"
+        deleted, new, again = change(data, changed, seed=args.seed)
         write = timed([*on, "entities", "write", "-i", str(changed), "-o", ORIGIN], env, log)
         figures["apply the change (write + delete)"] = write + timed(
             [*on, "entities", "delete", *deleted], env, log
@@ -115,7 +119,7 @@ def main() -> None:
         figures["all exports (full rebuild, --force)"] = timed([*on, "export", "--force"], env, log)
         same = incremental == digests(lake)
     finally:
-        if not args.keep:
+        if not args.keep and args.base is None:
             shutil.rmtree(root, ignore_errors=True)
     print(
         f"\n{args.statements:,} statements; change: {new} new, {again} written again, "

@@ -79,8 +79,8 @@ def changes_between(
     if missing:
         shown = ", ".join(str(v) for v in missing[:5]) + (" ..." if len(missing) > 5 else "")
         return Changes(
-            gap=f"translog version(s) {shown} not in the change feed (a compaction, an "
-            "optimize, or a flush that died before recording its change)"
+            gap=f"translog version(s) {shown} not in the change feed (a compaction, or "
+            "a flush that died before recording its change)"
         )
     stmts = rows.filter(pc.not_equal(kind, VERSION))
     ids = pc.unique(stmts.column("canonical_id").combine_chunks().drop_null())
