@@ -103,8 +103,8 @@ def main() -> None:
     try:
         if args.base is None:
             timed([*cli, "datasets", "create", DATASET], env, log)
-            write = [*on, "entities", "write", "-i", str(data), "-o", ORIGIN]
-            figures["base write"] = timed(write, env, log)
+            load = [*on, "entities", "write", "-i", str(data), "-o", ORIGIN]
+            figures["base write"] = timed(load, env, log)
             figures["base flush"] = timed([*on, "flush"], env, log)
             figures["base exports (full)"] = timed([*on, "export"], env, log)
         changed = root / f"change-{args.seed}.ftm.json"

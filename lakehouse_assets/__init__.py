@@ -15,12 +15,16 @@ this with import-linter (the contract in ``setup.cfg``, ``[importlinter]``):
    (:mod:`.cli`) and the Dagster assets, jobs and checks (:mod:`.defs`);
 2. the facade: :mod:`.lake` (:class:`Lakehouse`, :class:`Dataset`), which
    composes the operations and decides what a read sees (a flush first, or a
-   published version); then :mod:`.bulk`, its bulk writer;
-3. operations, each on the state the facade hands it: :mod:`.exports`,
-   :mod:`.maintenance`; :mod:`.versions`; :mod:`.mappings`, :mod:`.crawl`;
+   published version);
+3. operations, each on the :class:`~.context.DatasetContext` the facade hands
+   it (a ``Dataset`` is one): :mod:`.exports`, :mod:`.maintenance`;
+   :mod:`.versions`; :mod:`.mappings`, :mod:`.queue` (which replays tenant
+   actions through the operations below it); :mod:`.crawl` (archiving files);
    :mod:`.graph`, :mod:`.freshness`; :mod:`.flush`, the reads (:mod:`.query`,
-   which never flush), :mod:`.queue`, :mod:`.ingest`;
-4. the dataset's parts: :mod:`.catalog`, :mod:`.archive`, :mod:`.spark`;
+   which never flush), :mod:`.ingest`; then :mod:`.bulk`, the journal's bulk
+   writer;
+4. the dataset's parts: :mod:`.context` (what an operation needs of a dataset,
+   built from the parts below); :mod:`.catalog`, :mod:`.archive`, :mod:`.spark`;
    :mod:`.sources`, :mod:`.reduce`, :mod:`.journal_duckdb`, :mod:`.staging`;
    :mod:`.access`, :mod:`.tables` (the Delta tables), :mod:`.locks`,
    :mod:`.tags`, :mod:`.jobs`, :mod:`.entities`;

@@ -3,7 +3,7 @@
 A ``BulkWriter`` (``Dataset.bulk``) validates what it is given, inserts the
 rows in batches on one open transaction of the journal and commits once on
 exit, so a bulk is written whole or not at all. It needs of its dataset only
-the name, settings, journal, tenant and tags (:class:`~lakehouse_assets.lake.Dataset`).
+the name, settings, journal, tenant and tags (:class:`~lakehouse_assets.context.DatasetContext`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from followthemoney.proxy import EntityProxy
     from followthemoney.statement import Statement
 
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 
 class BulkWriter:
@@ -33,14 +33,14 @@ class BulkWriter:
     whole bulk, so a bad line 900,000 leaves the journal as it was.
     """
 
-    def __init__(self, dataset: Dataset, origin: str) -> None:
+    def __init__(self, dataset: DatasetContext, origin: str) -> None:
         self.dataset = dataset
         self.origin = cv.origin(origin)
         self.journal = dataset.journal
         self.batch_size = dataset.settings.journal_batch_size
         self.seen = iso(cv.utcnow())
         #: who writes and this write's id: every row is stamped with them
-        self.write = Write.new(dataset.lake.tenant)
+        self.write = Write.new(dataset.tenant)
         self.count = 0
         self.entities = 0
         self._rows: list[Row] = []

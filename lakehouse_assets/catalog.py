@@ -244,6 +244,15 @@ def load_catalog_config(store: Store) -> CatalogConfig | None:
     return None if data is None else parse_catalog_config(data, where)
 
 
+def dataset_names(store: Store) -> list[str]:
+    """Names of the datasets in a lake (folders with a config.yml)."""
+    names = []
+    for name in store.list_dirs(""):
+        if cv.DATASET_NAME.fullmatch(name) and store.exists(cv.dataset_path(name, cv.CONFIG)):
+            names.append(name)
+    return names
+
+
 def load_dataset_config(store: Store, dataset: str) -> dict[str, Any]:
     """A dataset's ``config.yml`` as a mapping (empty when blank), read with the
     same bounds as the catalog's (size, depth, aliases, duplicate keys).

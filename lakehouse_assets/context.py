@@ -58,6 +58,16 @@ class DatasetContext:
         self.tenant = tenant
         self._journal = journal
 
+    def sibling(self, name: str) -> DatasetContext:
+        """Another dataset of the same lake: same store, settings, tenant and journal."""
+        return DatasetContext(
+            name,
+            store=self.store,
+            settings=self.settings,
+            tenant=self.tenant,
+            journal=self._journal,
+        )
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} in {self.store.uri}>"
 

@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Any
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.access import SourceAccess, local_path
 from lakehouse_assets.archive import DOCUMENT_MARK, FileMeta, document_entity, make_file_id
+from lakehouse_assets.bulk import BulkWriter
 from lakehouse_assets.errors import InvalidInputError, SourceNotFoundError
 from lakehouse_assets.storage import LocalStore, S3Store, Store
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 #: The job type of crawl runs (``jobs/runs/crawl/``).
 CRAWL_JOB = "crawl"
@@ -71,7 +72,7 @@ class CrawlResult:
         }
 
 
-def source_store(uri: str, ds: Dataset, access: SourceAccess) -> Store:
+def source_store(uri: str, ds: DatasetContext, access: SourceAccess) -> Store:
     """A store rooted at the crawl source (it must exist; nothing is created).
 
     A local folder must resolve (every symlink of its path followed) under
@@ -126,7 +127,7 @@ def leaves(root: Path, path: str) -> str | None:
 
 
 def crawl(
-    ds: Dataset,
+    ds: DatasetContext,
     source_uri: str,
     *,
     prefix: str | None = None,
@@ -188,7 +189,8 @@ def crawl(
                     )
                 else:
                     ds.core_tags.touch(cv.ARCHIVE_LAST_UPDATED)
-                    ds.add_entity(document_entity(meta), origin=CRAWL_JOB)
+                    with BulkWriter(ds, CRAWL_JOB) as bulk:
+                        bulk.add_entity(document_entity(meta))
                     if previous is None:
                         result.archived += 1
                     else:
@@ -205,3 +207,35 @@ def crawl(
         job.run.errors = list(result.errors)
     ds.core_tags.touch(cv.CRAWL_LAST_RUN)
     return result
+
+
+def archive_file(
+    ds: DatasetContext,
+    uri: str,
+    *,
+    checksum: str | None = None,
+    create_document: bool = False,
+    follow_symlinks: bool = True,
+    **kwargs: Any,
+) -> FileMeta:
+    """Archive one file; optionally write its Document entity to the journal.
+
+    With ``follow_symlinks=False`` (the CLI's default) a local path that is
+    a symlink is refused: naming a link archives what it points at.
+    """
+    path = local_path(uri)
+    if not follow_symlinks and path is not None and path.is_symlink():
+        raise InvalidInputError(
+            f"{uri} is a symlink to {path.resolve()}: archive the target itself, "
+            "or pass --follow-symlinks",
+            dataset=ds.name,
+        )
+    if create_document:
+        # tells the archive sensor the Document entity is already written
+        kwargs["extra"] = {**(kwargs.get("extra") or {}), DOCUMENT_MARK: True}
+    meta = ds.archive.put(uri, checksum=checksum, **kwargs)
+    ds.core_tags.touch(cv.ARCHIVE_LAST_UPDATED)
+    if create_document:
+        with BulkWriter(ds, "archive") as bulk:
+            bulk.add_entity(document_entity(meta))
+    return meta

@@ -74,7 +74,7 @@ from lakehouse_assets.tables.spark_io import live_frame
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 
 @dataclass
@@ -118,7 +118,7 @@ class ExportResult:
 log = logging.getLogger(__name__)
 
 
-def is_fresh(ds: Dataset, kind: str) -> bool:
+def is_fresh(ds: DatasetContext, kind: str) -> bool:
     """True if the export exists, its tag is newer than every dependency, and the
     journal holds nothing that the export could be missing."""
     path, tag, _ = EXPORTS[kind]
@@ -200,7 +200,7 @@ class _Written:
 
 
 def _assemble(
-    ds: Dataset,
+    ds: DatasetContext,
     parts: Sequence[str],
     target: str,
     area: str,
@@ -245,7 +245,7 @@ def _assemble(
 
 
 def _run_pass(
-    ds: Dataset, kinds: frozenset[str], snapshot: DatasetSnapshot
+    ds: DatasetContext, kinds: frozenset[str], snapshot: DatasetSnapshot
 ) -> dict[str, dict[str, Any]]:
     """One Spark plan over one snapshot writing the requested kinds (see module docstring)."""
     from pyspark.sql import functions as F
@@ -386,7 +386,9 @@ def _describe(w: _Written) -> dict[str, Any]:
 
 
 def export(
-    ds: Dataset, kinds: Sequence[str] = (STATEMENTS, ENTITIES, STATISTICS), force: bool = False
+    ds: DatasetContext,
+    kinds: Sequence[str] = (STATEMENTS, ENTITIES, STATISTICS),
+    force: bool = False,
 ) -> ExportResult:
     """Run the given exports that are not fresh (all of them with ``force``).
 
@@ -491,19 +493,19 @@ def _summary(written: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in written.items() if k != "stats"}
 
 
-def export_statements(ds: Dataset, force: bool = False) -> ExportResult:
+def export_statements(ds: DatasetContext, force: bool = False) -> ExportResult:
     return export(ds, [STATEMENTS], force)
 
 
-def export_entities(ds: Dataset, force: bool = False) -> ExportResult:
+def export_entities(ds: DatasetContext, force: bool = False) -> ExportResult:
     return export(ds, [ENTITIES], force)
 
 
-def export_statistics(ds: Dataset, force: bool = False) -> ExportResult:
+def export_statistics(ds: DatasetContext, force: bool = False) -> ExportResult:
     return export(ds, [STATISTICS], force)
 
 
-def make(ds: Dataset, force: bool = False) -> ExportResult:
+def make(ds: DatasetContext, force: bool = False) -> ExportResult:
     """Flush if needed; the graph index, if the dataset has one, brought up to date;
     then every export that is not fresh, then index.json (publishing a version
     that records the graph index, current)."""
@@ -543,7 +545,7 @@ GRAPH_RESOURCES: dict[str, tuple[str, str, str]] = {
 Checksums = dict[str, dict[str, Any]]
 
 
-def _neo4j_resources(ds: Dataset, known: Checksums) -> list[dict[str, Any]]:
+def _neo4j_resources(ds: DatasetContext, known: Checksums) -> list[dict[str, Any]]:
     """Each Neo4j bulk-import file present (one per schema, so listed from the
     lake), named ``neo4j/{file}``."""
     prefix = cv.dataset_path(ds.name, cv.GRAPH_NEO4J) + "/"
@@ -557,13 +559,13 @@ def _neo4j_resources(ds: Dataset, known: Checksums) -> list[dict[str, Any]]:
     return found
 
 
-def _resource(ds: Dataset, kind: str, known: Checksums) -> dict[str, Any] | None:
+def _resource(ds: DatasetContext, kind: str, known: Checksums) -> dict[str, Any] | None:
     path, tag, mime = EXPORTS[kind] if kind in EXPORTS else GRAPH_RESOURCES[kind]
     return _resource_of(ds, path, tag, mime, known)
 
 
 def _resource_of(
-    ds: Dataset, path: str, tag: str, mime: str, known: Checksums, name: str | None = None
+    ds: DatasetContext, path: str, tag: str, mime: str, known: Checksums, name: str | None = None
 ) -> dict[str, Any] | None:
     """A file of the dataset as an index.json resource (``None`` if absent),
     named by its file name unless ``name`` says otherwise.
@@ -588,7 +590,7 @@ def _resource_of(
 
 
 def export_index(
-    ds: Dataset,
+    ds: DatasetContext,
     built: datetime | None = None,
     *,
     snapshot: DatasetSnapshot | None = None,

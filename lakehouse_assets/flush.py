@@ -84,7 +84,7 @@ from lakehouse_assets.tables.spark_io import arrow_frame, read_snapshot, write_f
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def plan_batches(buckets: Sequence[tuple[int, int]], batch_rows: int) -> list[li
     return batches
 
 
-def _tasks(ds: Dataset, rows: int, old_bytes: int) -> int:
+def _tasks(ds: DatasetContext, rows: int, old_bytes: int) -> int:
     """How many files a write should produce: one per ~250k rows (or 32 MB of
     old files it replaces), at most one per shuffle partition, at least one.
 
@@ -164,7 +164,7 @@ def _tasks(ds: Dataset, rows: int, old_bytes: int) -> int:
 
 def rewrite_translog(
     spark: SparkSession,
-    ds: Dataset,
+    ds: DatasetContext,
     updates: DataFrame,
     span: tuple[int, int],
     metadata: dict[str, str],
@@ -244,7 +244,7 @@ TASK_ROWS = 200_000
 
 def _reduced_frame(
     spark: SparkSession,
-    ds: Dataset,
+    ds: DatasetContext,
     claim: Claim,
     batch: list[tuple[int, int]],
     staging_uri: str,
@@ -276,7 +276,7 @@ def _reduced_frame(
 
 def _flush_batch(
     spark: SparkSession,
-    ds: Dataset,
+    ds: DatasetContext,
     batch: list[tuple[int, int]],
     claim: Claim,
     fence: Fence,
@@ -404,7 +404,7 @@ def _flush_batch(
 
 def record_changes(
     spark: SparkSession,
-    ds: Dataset,
+    ds: DatasetContext,
     keyed: DataFrame,
     version: int,
     published: int | None,
@@ -464,7 +464,9 @@ def _num_records(stats: str | None) -> int:
     return int(json.loads(stats or "{}").get("numRecords", 0))
 
 
-def flush(ds: Dataset, *, batch_rows: int | None = None, wait: float | None = None) -> FlushResult:
+def flush(
+    ds: DatasetContext, *, batch_rows: int | None = None, wait: float | None = None
+) -> FlushResult:
     """Flush a dataset's journal into its Delta tables (see the module docstring).
 
     Waits up to ``wait`` seconds (default ``LAKEHOUSE_LOCK_WAIT_SECONDS``) for
@@ -528,7 +530,7 @@ def flush(ds: Dataset, *, batch_rows: int | None = None, wait: float | None = No
     return result
 
 
-def needs_flush(ds: Dataset) -> bool:
+def needs_flush(ds: DatasetContext) -> bool:
     """Unflushed rows in the journal, or a journal tag newer than the last flush."""
     if ds.journal.has_pending(ds.name):
         return True
@@ -537,7 +539,7 @@ def needs_flush(ds: Dataset) -> bool:
     )
 
 
-def ensure_flush(ds: Dataset, *, wait: float | None = None) -> FlushResult | None:
+def ensure_flush(ds: DatasetContext, *, wait: float | None = None) -> FlushResult | None:
     """Flush when the journal holds anything newer than the last flush."""
     return flush(ds, wait=wait) if needs_flush(ds) else None
 
@@ -551,7 +553,7 @@ class ReaderFlush:
     locked_by: str | None = None
 
 
-def flush_for_reading(ds: Dataset, *, wait: float) -> ReaderFlush:
+def flush_for_reading(ds: DatasetContext, *, wait: float) -> ReaderFlush:
     """A reader's flush-first (query, export): never fails because a writer holds the lock.
 
     Waits up to ``wait`` seconds for the dataset's lock (saying on the log

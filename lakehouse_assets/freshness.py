@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from lakehouse_assets import conventions as cv
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 STATEMENTS = "statements"
 ENTITIES = "entities"
@@ -54,7 +54,7 @@ def dependencies(kind: str) -> tuple[str, ...]:
     return FRESHNESS_DEPENDENCIES
 
 
-def graph_exports_fresh(ds: Dataset) -> bool:
+def graph_exports_fresh(ds: DatasetContext) -> bool:
     """The graph exports (Cypher, GraphML, Neo4j CSVs) are newer than the entities
     export they are made of."""
     return ds.core_tags.is_latest(cv.EXPORTS_GRAPH, [cv.EXPORTS_ENTITIES])
@@ -80,7 +80,7 @@ class Freshness:
         return data
 
 
-def freshness(ds: Dataset, pending: int | None = None) -> dict[str, Freshness]:
+def freshness(ds: DatasetContext, pending: int | None = None) -> dict[str, Freshness]:
     """Each export's (and the graph index's, once built) freshness, by export kind.
 
     ``pending`` is the journal's row count when the caller has it already.

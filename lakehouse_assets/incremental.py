@@ -63,7 +63,7 @@ from lakehouse_assets.tables.snapshot import DatasetSnapshot
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 log = logging.getLogger(__name__)
 
@@ -219,11 +219,11 @@ class ExportState:
     format: int = STATE_FORMAT
 
     @staticmethod
-    def path(ds: Dataset, name: str = "state.json") -> str:
+    def path(ds: DatasetContext, name: str = "state.json") -> str:
         return cv.dataset_path(ds.name, cv.EXPORT_STATE, name)
 
     @classmethod
-    def load(cls, ds: Dataset) -> ExportState | None:
+    def load(cls, ds: DatasetContext) -> ExportState | None:
         path = cls.path(ds)
         if not ds.store.exists(path):
             return None
@@ -241,11 +241,11 @@ class ExportState:
             log.warning("%s: unreadable export state (%s); exports take their full path", ds, exc)
             return None
 
-    def index(self, ds: Dataset) -> pa.Table:
+    def index(self, ds: DatasetContext) -> pa.Table:
         data = ds.store.read_bytes(self.path(ds, self.index_file))
         return pq.read_table(pa.BufferReader(data)).cast(INDEX_SCHEMA)
 
-    def save(self, ds: Dataset, index: pa.Table) -> None:
+    def save(self, ds: DatasetContext, index: pa.Table) -> None:
         """The index under a new name, then the state naming it (the commit
         point), then the previous index removed."""
         previous = ExportState.load(ds)
@@ -260,14 +260,14 @@ class ExportState:
             ds.store.delete(self.path(ds, previous.index_file))
 
 
-def drop_state(ds: Dataset) -> None:
+def drop_state(ds: DatasetContext) -> None:
     """Forget the state (the files it describes are being replaced by other means)."""
     if ds.store.exists(ExportState.path(ds)):
         ds.store.delete(ExportState.path(ds))
 
 
 def full_state(
-    ds: Dataset,
+    ds: DatasetContext,
     snapshot: DatasetSnapshot,
     spark_index: pa.Table,
     json_lengths: np.ndarray[Any, Any],
@@ -327,7 +327,7 @@ class Refreshed:
 
 
 def _changed_rows(
-    ds: Dataset, snapshot: DatasetSnapshot, entity_ids: Sequence[str], staging_uri: str
+    ds: DatasetContext, snapshot: DatasetSnapshot, entity_ids: Sequence[str], staging_uri: str
 ) -> pa.Table:
     """Lines and contributions of the changed entities that are still live
     (:data:`INDEX_SCHEMA` plus ``csv`` and ``json`` text), sorted by canonical id."""
@@ -444,7 +444,7 @@ def _pump(
 
 
 def _splice(
-    ds: Dataset,
+    ds: DatasetContext,
     path: str,
     described: dict[str, Any],
     head: int,
@@ -487,7 +487,7 @@ def _splice(
 
 
 def refresh(
-    ds: Dataset, snapshot: DatasetSnapshot, state: ExportState, changes: Changes
+    ds: DatasetContext, snapshot: DatasetSnapshot, state: ExportState, changes: Changes
 ) -> Refreshed:
     """The three exports of ``snapshot`` from the state's and the change (module docstring).
 
@@ -588,7 +588,7 @@ def refresh(
 
 
 def attempt(
-    ds: Dataset, kinds: frozenset[str], snapshot: DatasetSnapshot, *, force: bool = False
+    ds: DatasetContext, kinds: frozenset[str], snapshot: DatasetSnapshot, *, force: bool = False
 ) -> tuple[dict[str, dict[str, Any]] | None, str | None]:
     """The three exports of ``snapshot`` from the last ones and the change feed
     (:func:`refresh`), or None and why the full pass must run instead (logged)."""

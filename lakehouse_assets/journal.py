@@ -467,6 +467,12 @@ class Journal:
         with self.engine.connect() as conn:
             return int(conn.execute(q).scalar() or 0)
 
+    def counts(self) -> dict[str, int]:
+        """Rows waiting to be flushed, by dataset (one grouped query for the lake)."""
+        q = select(journal_table.c.dataset, func.count()).group_by(journal_table.c.dataset)
+        with self.engine.connect() as conn:
+            return {str(name): int(n) for name, n in conn.execute(q)}
+
     def datasets(self) -> list[str]:
         """Datasets with rows waiting to be flushed."""
         q = select(journal_table.c.dataset).distinct()

@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 import tempfile
@@ -26,20 +25,20 @@ from typing import IO, TYPE_CHECKING, Any
 import yaml
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.archive import DOCUMENT_MARK, FileMeta, document_entity
+from lakehouse_assets.archive import FileMeta
 from lakehouse_assets.bulk import BulkWriter
 from lakehouse_assets.catalog import (
     CatalogConfig,
     Source,
     apply_catalog_config,
+    dataset_names,
     load_catalog_config,
     load_dataset_config,
 )
 from lakehouse_assets.context import DatasetContext
-from lakehouse_assets.errors import DatasetNotFoundError, InvalidInputError
+from lakehouse_assets.errors import DatasetNotFoundError
 from lakehouse_assets.journal import Journal, Write, iso, statement_row
 from lakehouse_assets.settings import Settings
-from lakehouse_assets.sources import local_path
 from lakehouse_assets.storage import Store, open_store
 from lakehouse_assets.tables.snapshot import DatasetSnapshot
 
@@ -106,13 +105,7 @@ class Lakehouse:
 
     def datasets(self) -> list[str]:
         """Names of the datasets in this lake (folders with a config.yml)."""
-        names = []
-        for name in self.store.list_dirs(""):
-            if cv.DATASET_NAME.fullmatch(name) and self.store.exists(
-                cv.dataset_path(name, cv.CONFIG)
-            ):
-                names.append(name)
-        return names
+        return dataset_names(self.store)
 
     def create_dataset(self, name: str, *, title: str | None = None, **fields: Any) -> Dataset:
         """Create a dataset (idempotent: an existing config is updated).
@@ -151,38 +144,10 @@ class Lakehouse:
         return Dataset(self, name)
 
     def write_catalog(self, *, snapshot: bool = False) -> None:
-        """Rewrite the catalog ``index.json`` (and ``config.yml`` if missing).
+        """Rewrite the catalog ``index.json`` (see :mod:`lakehouse_assets.versions.catalog_index`)."""
+        from lakehouse_assets.versions.catalog_index import write_catalog
 
-        Each dataset is listed with its latest published version and logical
-        hash; with ``snapshot`` (after a dataset published a version) a copy
-        goes under ``versions/YYYY/MM/{timestamp}/index.json``. Every rewrite
-        reads every dataset's head, so two datasets publishing at once leave
-        a catalog that the next publish completes.
-        """
-        from lakehouse_assets import versions
-
-        entries = []
-        for name in self.datasets():
-            cfg = load_dataset_config(self.store, name)
-            entry: dict[str, Any] = {"name": name, "title": cfg.get("title", name)}
-            head = versions.head(self.dataset(name))
-            if head is not None:
-                entry["version"] = {
-                    "sequence": head.sequence,
-                    "hash": head.hash,
-                    "logical_hash": head.manifest["logical_hash"],
-                    "published_at": head.manifest["created_at"],
-                    "manifest": head.path,
-                }
-            entries.append(entry)
-        now = cv.utcnow()
-        index = {"datasets": entries, "updated_at": now.isoformat()}
-        text = json.dumps(index, indent=2)
-        self.store.write_text(cv.CATALOG_INDEX, text)
-        if snapshot:
-            self.store.write_text(cv.catalog_version(cv.CATALOG_INDEX, now), text)
-        if not self.store.exists(cv.CATALOG_CONFIG):
-            self.store.write_text(cv.CATALOG_CONFIG, yaml.safe_dump({"name": "catalog"}))
+        write_catalog(self.store, self.dataset, snapshot=snapshot)
 
 
 class Dataset(DatasetContext):
@@ -221,21 +186,16 @@ class Dataset(DatasetContext):
         With ``follow_symlinks=False`` (the CLI's default) a local path that is
         a symlink is refused: naming a link archives what it points at.
         """
-        path = local_path(uri)
-        if not follow_symlinks and path is not None and path.is_symlink():
-            raise InvalidInputError(
-                f"{uri} is a symlink to {path.resolve()}: archive the target itself, "
-                "or pass --follow-symlinks",
-                dataset=self.name,
-            )
-        if create_document:
-            # tells the archive sensor the Document entity is already written
-            kwargs["extra"] = {**(kwargs.get("extra") or {}), DOCUMENT_MARK: True}
-        meta = self.archive.put(uri, checksum=checksum, **kwargs)
-        self.core_tags.touch(cv.ARCHIVE_LAST_UPDATED)
-        if create_document:
-            self.add_entity(document_entity(meta), origin="archive")
-        return meta
+        from lakehouse_assets.crawl import archive_file
+
+        return archive_file(
+            self,
+            uri,
+            checksum=checksum,
+            create_document=create_document,
+            follow_symlinks=follow_symlinks,
+            **kwargs,
+        )
 
     def crawl(
         self,
@@ -340,16 +300,9 @@ class Dataset(DatasetContext):
 
     def stored_statements(self, entity_id: str) -> list[Statement]:
         """Live statements of an entity: in the Delta table and still in the journal."""
-        from lakehouse_assets.query import live_statements, to_statements
+        from lakehouse_assets.query import stored_statements
 
-        cv.entity_id(entity_id)
-        found: dict[tuple[str | None, str | None], Statement] = {}
-        table = live_statements(self, entity_ids=[entity_id])
-        for stmt in to_statements(table):
-            found[(stmt.origin, stmt.id)] = stmt
-        for stmt in self.journal.live_entity_statements(self.name, entity_id):
-            found[(stmt.origin, stmt.id)] = stmt
-        return list(found.values())
+        return stored_statements(self, entity_id)
 
     def delete_entity(self, entity_id: str, origin: str | None = None) -> int:
         """Tombstone every statement of an entity; returns how many."""

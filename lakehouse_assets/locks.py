@@ -34,7 +34,7 @@ this host).
 A holder that was paused past the TTL and then woke up must not write: table
 writers **fence** their commits with the lock (:meth:`Lock.fence`): the Delta
 commit carries the generation as an app transaction and the lock is checked
-to still be theirs just before committing (see :func:`delta.commit`).
+to still be theirs just before committing (see :func:`lakehouse_assets.tables.delta.commit`).
 """
 
 from __future__ import annotations
@@ -415,7 +415,7 @@ class Lock:
             )
 
     def fence(self) -> Fence:
-        """The fence table commits of this holder carry (see :func:`delta.commit`)."""
+        """The fence table commits of this holder carry (see :func:`lakehouse_assets.tables.delta.commit`)."""
         if self.token is None:
             raise LockLostError(f"{self.path}: not held")
         return Fence(FENCE_APP_ID, self.generation, self)

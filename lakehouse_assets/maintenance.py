@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
     from lakehouse_assets.versions import Version
 
 #: Sort order of statements files: point reads prune row groups on bucket and id.
@@ -57,7 +57,7 @@ class Rewrite:
     snapshot: DatasetSnapshot
 
 
-def covered_head(ds: Dataset, before: DatasetSnapshot) -> Version | None:
+def covered_head(ds: DatasetContext, before: DatasetSnapshot) -> Version | None:
     """The head, if it names exactly the files of ``before`` (nothing unpublished):
     a rewrite of ``before`` then needs only a version that carries the head's
     statements over to the new files."""
@@ -67,7 +67,7 @@ def covered_head(ds: Dataset, before: DatasetSnapshot) -> Version | None:
     return head if head is not None and versions.covers(head, before) else None
 
 
-def publish_rewrite(ds: Dataset, rewrite: Rewrite, operation: str) -> dict[str, Any]:
+def publish_rewrite(ds: DatasetContext, rewrite: Rewrite, operation: str) -> dict[str, Any]:
     """Publish the files a compact or optimize wrote, so the head covers every file
     readers read (``lakehouse verify`` holds them to it). Called after the table
     lock is released (publishing tags the translog under it); a version published
@@ -101,7 +101,7 @@ class CompactResult:
         }
 
 
-def compact(ds: Dataset, *, wait: float | None = None) -> CompactResult:
+def compact(ds: DatasetContext, *, wait: float | None = None) -> CompactResult:
     """Compact (:func:`_compact`), leaving a job record (``jobs/runs/compact/``);
     then the rewritten tables are published (:func:`publish_rewrite`)."""
     with ds.job("compact") as job:
@@ -120,7 +120,7 @@ def compact(ds: Dataset, *, wait: float | None = None) -> CompactResult:
     return result
 
 
-def _compact(ds: Dataset, *, wait: float | None = None) -> CompactResult:
+def _compact(ds: DatasetContext, *, wait: float | None = None) -> CompactResult:
     """Rewrite the main table with live rows only, seen range from the translog.
 
     The spec's order matters for crash safety: the main table is rewritten
@@ -183,7 +183,7 @@ def _compact(ds: Dataset, *, wait: float | None = None) -> CompactResult:
 
 def _drop_deleted_translog(
     spark: SparkSession,
-    ds: Dataset,
+    ds: DatasetContext,
     snapshot: Snapshot,
     fence: Fence,
     publishes: int,
@@ -225,7 +225,11 @@ def _drop_deleted_translog(
 
 
 def publish(
-    ds: Dataset, translog: Snapshot, fence: Fence, statements_version: int, meta: dict[str, str]
+    ds: DatasetContext,
+    translog: Snapshot,
+    fence: Fence,
+    statements_version: int,
+    meta: dict[str, str],
 ) -> None:
     """A translog commit without data: readers move to ``statements_version``."""
     if translog.version is None:
@@ -272,7 +276,7 @@ SMALL_FILE_BYTES = 64 * 1024 * 1024
 
 def _optimize_table(
     spark: SparkSession,
-    ds: Dataset,
+    ds: DatasetContext,
     location: DeltaLocation,
     schema: pa.Schema,
     partition: str | None,
@@ -346,7 +350,7 @@ def layout_only_since(table: DeltaTable, version: int) -> bool:
     return True
 
 
-def unpublished_optimize(ds: Dataset) -> int | None:
+def unpublished_optimize(ds: DatasetContext) -> int | None:
     """The statements version to publish when every commit after the published one
     only re-laid files out (an optimize that died before publishing); None when
     there is none or when a data commit (a flush that died before its translog
@@ -376,7 +380,7 @@ def _vacuum_table(location: DeltaLocation, retention: timedelta) -> int:
 
 
 def optimize(
-    ds: Dataset,
+    ds: DatasetContext,
     *,
     vacuum: bool = False,
     retention_hours: int | None = None,
@@ -423,7 +427,7 @@ def optimize(
 
 
 def _optimize(
-    ds: Dataset,
+    ds: DatasetContext,
     *,
     vacuum: bool = False,
     retention_hours: int | None = None,

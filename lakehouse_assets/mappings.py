@@ -37,12 +37,13 @@ from followthemoney.namespace import Namespace
 from followthemoney.util import sanitize_text
 
 from lakehouse_assets import conventions as cv
+from lakehouse_assets.bulk import BulkWriter
 from lakehouse_assets.entities import entity_statements
 from lakehouse_assets.errors import InvalidInputError, SourceNotFoundError
 from lakehouse_assets.journal import COLUMNS, EVENTS_SCHEMA, Row, iso, statement_row
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 #: The job type of mapping runs (``jobs/runs/mapping/``).
 MAPPING_JOB = "mapping"
@@ -105,7 +106,7 @@ def compile_queries(dataset: str, queries: Sequence[Mapping[str, Any]]) -> list[
     return [model.make_mapping(_bind(q), key_prefix=dataset, dataset=dataset) for q in queries]
 
 
-def _header(ds: Dataset, content_hash: str) -> list[str]:
+def _header(ds: DatasetContext, content_hash: str) -> list[str]:
     with ds.archive.open(content_hash) as fh:
         text = io.TextIOWrapper(fh, encoding="utf-8", errors="strict")
         try:
@@ -116,7 +117,7 @@ def _header(ds: Dataset, content_hash: str) -> list[str]:
             ) from exc
 
 
-def validate(ds: Dataset, content_hash: str, queries: Sequence[Mapping[str, Any]]) -> None:
+def validate(ds: DatasetContext, content_hash: str, queries: Sequence[Mapping[str, Any]]) -> None:
     """Raise ``InvalidInputError`` naming what is wrong; nothing else happens."""
     where = f"[dataset {ds.name!r}, mapping for csv {content_hash}]"
     columns = set(_header(ds, content_hash))
@@ -145,7 +146,9 @@ class StoredMapping:
     path: str
 
 
-def store_mapping(ds: Dataset, content_hash: str, config: str | Mapping[str, Any]) -> StoredMapping:
+def store_mapping(
+    ds: DatasetContext, content_hash: str, config: str | Mapping[str, Any]
+) -> StoredMapping:
     """Validate and store a mapping for an archived CSV (a version per change)."""
     content_hash = cv.checksum(content_hash)
     where = f"[dataset {ds.name!r}, mapping for csv {content_hash}]"
@@ -167,7 +170,7 @@ def store_mapping(ds: Dataset, content_hash: str, config: str | Mapping[str, Any
     return StoredMapping(content_hash, len(queries), True, path)
 
 
-def load_mapping(ds: Dataset, content_hash: str) -> list[dict[str, Any]]:
+def load_mapping(ds: DatasetContext, content_hash: str) -> list[dict[str, Any]]:
     path = cv.mapping_config(ds.name, content_hash)
     if not ds.store.exists(path):
         raise SourceNotFoundError(
@@ -177,7 +180,7 @@ def load_mapping(ds: Dataset, content_hash: str) -> list[dict[str, Any]]:
     return parse_queries(ds.store.read_text(path), where=path)
 
 
-def list_mappings(ds: Dataset) -> list[dict[str, Any]]:
+def list_mappings(ds: DatasetContext) -> list[dict[str, Any]]:
     """Every stored mapping with its versions and freshness."""
     prefix = cv.mappings_prefix(ds.name)
     out = []
@@ -201,7 +204,7 @@ def list_mappings(ds: Dataset) -> list[dict[str, Any]]:
     return out
 
 
-def is_fresh(ds: Dataset, content_hash: str) -> bool:
+def is_fresh(ds: DatasetContext, content_hash: str) -> bool:
     """Processed after the mapping last changed (the CSV cannot change: it is its hash)."""
     return ds.core_tags.is_latest(
         cv.mapping_processed_tag(content_hash), [cv.mapping_updated_tag(content_hash)]
@@ -340,7 +343,7 @@ class MappingResult:
         }
 
 
-def _previous_statements(ds: Dataset, origin: str) -> list[Row]:
+def _previous_statements(ds: DatasetContext, origin: str) -> list[Row]:
     """Tombstones for everything an earlier version of the mapping produced."""
     from lakehouse_assets.flush import ensure_flush
     from lakehouse_assets.query import live_statements, to_statements
@@ -352,7 +355,7 @@ def _previous_statements(ds: Dataset, origin: str) -> list[Row]:
 
 
 def process_mapping(
-    ds: Dataset, content_hash: str, *, force: bool = False, spark: bool | None = None
+    ds: DatasetContext, content_hash: str, *, force: bool = False, spark: bool | None = None
 ) -> MappingResult:
     """Map the archived CSV into the journal (skipped when fresh, unless ``force``).
 
@@ -373,7 +376,7 @@ def process_mapping(
     with ds.job(MAPPING_JOB) as job, ds.operation_lock(f"mapping-{content_hash[:16]}"):
         previously = ds.core_tags.get(cv.mapping_processed_tag(content_hash)) is not None
         tombstones = _previous_statements(ds, origin) if previously else []
-        with ds.bulk(origin) as bulk:
+        with BulkWriter(ds, origin) as bulk:
             # tombstones first: a statement the new version makes again is newer, so live
             if tombstones:
                 bulk.add_rows(tombstones)
@@ -390,13 +393,13 @@ def process_mapping(
     return result
 
 
-def _open_text(ds: Dataset, content_hash: str) -> Any:
+def _open_text(ds: DatasetContext, content_hash: str) -> Any:
     # as followthemoney opens a CSV: text mode, universal newlines, UTF-8
     return io.TextIOWrapper(ds.archive.open(content_hash), encoding="utf-8")
 
 
 def _map_local(
-    ds: Dataset, content_hash: str, queries: list[dict[str, Any]], bulk: Any
+    ds: DatasetContext, content_hash: str, queries: list[dict[str, Any]], bulk: BulkWriter
 ) -> tuple[int, int]:
     mapper = Mapper(ds.name, content_hash, queries, bulk.seen)
     rows = statements = 0
@@ -418,7 +421,7 @@ def _map_local(
 
 
 def _map_spark(
-    ds: Dataset, content_hash: str, queries: list[dict[str, Any]], bulk: Any
+    ds: DatasetContext, content_hash: str, queries: list[dict[str, Any]], bulk: BulkWriter
 ) -> tuple[int, int, float]:
     """Map a big CSV on Spark; returns (csv rows, statements, seconds until the
     mapped rows were ready).

@@ -40,7 +40,7 @@ from lakehouse_assets.tables.snapshot import DatasetSnapshot, arrow_dataset
 if TYPE_CHECKING:
     from ftmq.query import Query
 
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 LIVE_SCHEMA = pa.schema([STATEMENTS_SCHEMA.field(c) for c in (*STATEMENT_FIELDS, "origin")])
 
@@ -55,7 +55,7 @@ def ftm_dataset(name: str) -> FtmDataset:
 
 
 def live_statements(
-    ds: Dataset,
+    ds: DatasetContext,
     *,
     entity_ids: Sequence[str] | None = None,
     origin: str | None = None,
@@ -139,7 +139,7 @@ def live_statements(
 
 
 def rows_by_id(
-    ds: Dataset,
+    ds: DatasetContext,
     snapshot: DatasetSnapshot,
     keys: pa.Table,
     columns: Sequence[str] | None = None,
@@ -203,7 +203,7 @@ POINT_BUCKETS = 8
 
 
 def _point_read(
-    ds: Dataset,
+    ds: DatasetContext,
     snapshot: DatasetSnapshot,
     entity_ids: Sequence[str],
     origin: str | None,
@@ -253,7 +253,7 @@ def _point_read(
 
 
 def live_chunks(
-    ds: Dataset,
+    ds: DatasetContext,
     *,
     origin: str | None = None,
     snapshot: DatasetSnapshot | None = None,
@@ -276,7 +276,7 @@ def live_chunks(
 
 
 def sorted_live_batches(
-    ds: Dataset, snapshot: DatasetSnapshot, batch_rows: int = 50_000
+    ds: DatasetContext, snapshot: DatasetSnapshot, batch_rows: int = 50_000
 ) -> Iterator[pa.RecordBatch]:
     """Every live statement of a snapshot in export order (globally sorted by
     :data:`SORT`, as the Spark exports range-partition them), streamed.
@@ -334,7 +334,7 @@ def string_data(lines: pa.Array) -> memoryview | None:
 
 
 def statement_csv_buffers(
-    ds: Dataset, snapshot: DatasetSnapshot, *, threads: int = 2
+    ds: DatasetContext, snapshot: DatasetSnapshot, *, threads: int = 2
 ) -> Iterator[tuple[memoryview, int]]:
     """``statements.csv`` of a snapshot (header included) as a stream of byte buffers
     and the number of statement lines in each,
@@ -417,7 +417,7 @@ def aggregate(dataset: str, statements: Iterable[Statement]) -> Iterator[Stateme
         yield StatementEntity.from_statements(meta, current)
 
 
-def check_schemata(ds: Dataset, schemata: Collection[str] | None) -> frozenset[str]:
+def check_schemata(ds: DatasetContext, schemata: Collection[str] | None) -> frozenset[str]:
     """The schema names a read keeps, each checked against the FtM model."""
     wanted = frozenset(schemata or ())
     for name in sorted(wanted):
@@ -427,7 +427,7 @@ def check_schemata(ds: Dataset, schemata: Collection[str] | None) -> frozenset[s
 
 
 def query(
-    ds: Dataset,
+    ds: DatasetContext,
     q: Query | None = None,
     *,
     entity_ids: Sequence[str] | None = None,
@@ -469,7 +469,7 @@ def query(
 
 
 def get_entity(
-    ds: Dataset,
+    ds: DatasetContext,
     entity_id: str,
     *,
     origin: str | None = None,
@@ -481,7 +481,7 @@ def get_entity(
     return None
 
 
-def entities_export(ds: Dataset) -> str:
+def entities_export(ds: DatasetContext) -> str:
     """The lake path of the dataset's ``entities.ftm.json`` (a clear error if the
     entities were never exported)."""
     path = cv.dataset_path(ds.name, cv.ENTITIES_JSON)
@@ -494,7 +494,7 @@ def entities_export(ds: Dataset) -> str:
 
 
 def stream_entities(
-    ds: Dataset, snapshot: DatasetSnapshot | None = None
+    ds: DatasetContext, snapshot: DatasetSnapshot | None = None
 ) -> Iterator[dict[str, Any]]:
     """Entities of the last ``entities.ftm.json`` export (no flush, no Spark).
 
@@ -512,3 +512,15 @@ def stream_entities(
         for line in fh:
             if line.strip():
                 yield json.loads(line)
+
+
+def stored_statements(ds: DatasetContext, entity_id: str) -> list[Statement]:
+    """Live statements of an entity: in the Delta table and still in the journal."""
+    cv.entity_id(entity_id)
+    found: dict[tuple[str | None, str | None], Statement] = {}
+    table = live_statements(ds, entity_ids=[entity_id])
+    for stmt in to_statements(table):
+        found[(stmt.origin, stmt.id)] = stmt
+    for stmt in ds.journal.live_entity_statements(ds.name, entity_id):
+        found[(stmt.origin, stmt.id)] = stmt
+    return list(found.values())

@@ -31,7 +31,7 @@ from lakehouse_assets.settings import Settings
 from lakehouse_assets.storage import LocalStore
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 #: Staging folder of an earlier version of the exports (cleaned the same way).
 LEGACY = {"export": ".staging"}
@@ -54,14 +54,14 @@ class Cleaned:
         return {"areas": self.areas, "files": self.files, "bytes": self.bytes}
 
 
-def new_area(ds: Dataset, operation: str, run_id: str | None = None) -> str:
+def new_area(ds: DatasetContext, operation: str, run_id: str | None = None) -> str:
     """The lake path of a fresh staging area for one run of ``operation``."""
     name = f"{cv.job_type(operation)}-{run_id or uuid.uuid4().hex}"
     return cv.dataset_path(ds.name, cv.STAGING, name)
 
 
 @contextmanager
-def area(ds: Dataset, operation: str, run_id: str | None = None) -> Iterator[str]:
+def area(ds: DatasetContext, operation: str, run_id: str | None = None) -> Iterator[str]:
     """A fresh staging area for one run (its full URI), removed when the block ends."""
     rel = new_area(ds, operation, run_id)
     try:
@@ -70,12 +70,12 @@ def area(ds: Dataset, operation: str, run_id: str | None = None) -> Iterator[str
         remove(ds, rel)
 
 
-def _is_local_folder(ds: Dataset, rel: str) -> bool:
+def _is_local_folder(ds: DatasetContext, rel: str) -> bool:
     """Whether ``rel`` is a folder of a local lake (an empty one included)."""
     return isinstance(ds.store, LocalStore) and ds.store.local_path(rel).is_dir()
 
 
-def remove(ds: Dataset, rel: str) -> Cleaned:
+def remove(ds: DatasetContext, rel: str) -> Cleaned:
     """Delete a staging area (or any lake folder) and say what it held."""
     store = ds.store
     cleaned = Cleaned()
@@ -91,7 +91,7 @@ def remove(ds: Dataset, rel: str) -> Cleaned:
     return cleaned
 
 
-def clean_stale(ds: Dataset, operation: str) -> Cleaned:
+def clean_stale(ds: DatasetContext, operation: str) -> Cleaned:
     """Remove every staging area of ``operation`` (call while holding its lock)."""
     cleaned = Cleaned()
     prefix = f"{cv.job_type(operation)}-"

@@ -362,6 +362,31 @@ def test_status_says_what_is_stale_and_why(spark: SparkSession, tmp_path: Path) 
     assert text.exit_code == 0 and "entities    fresh" in text.stdout
     assert report["version"]["sequence"] == 1 and "published: version 1" in text.stdout
     assert "graph" not in report["exports"]  # no index yet
+    # the whole catalog at once: status without -d, datasets list --json
+    head = ds.version()
+    assert head is not None
+    lake.create_dataset("empty", title="Nothing yet")
+    ds.add_entity({"id": "p3", "schema": "Person", "properties": {"name": ["Cy"]}})
+    lake_only = ["--lake", str(tmp_path / "lake")]
+    catalog = json.loads(CliRunner().invoke(root, [*lake_only, "status", "--json"]).stdout)
+    by_name = {d["name"]: d for d in catalog["datasets"]}
+    assert sorted(by_name) == ["empty", "stat"]
+    assert (by_name["stat"]["version"], by_name["stat"]["version_hash"]) == (1, head.hash)
+    assert by_name["stat"]["pending"] == 2 and "entities" in by_name["stat"]["stale"]
+    assert by_name["empty"] == {
+        "name": "empty",
+        "title": "Nothing yet",
+        "version": None,
+        "version_hash": None,
+        "published_at": None,
+        "pending": 0,
+        "stale": ["entities", "index", "statements", "statistics"],
+    }
+    listed = CliRunner().invoke(root, [*lake_only, "datasets", "list", "--json"]).stdout
+    assert [json.loads(line) for line in listed.splitlines()] == catalog["datasets"]
+    table = CliRunner().invoke(root, [*lake_only, "status"]).stdout  # not a terminal: the table
+    assert "Nothing yet" in table and "all exports" in table
+    ds.flush()
     # with a graph index: its freshness, and the Cypher export's
     from lakehouse_assets import graph
 
@@ -545,9 +570,9 @@ def test_queue_push_ls_consume(run, tmp_path: Path) -> None:  # type: ignore[no-
 
 
 def test_commands_that_touch_no_entity_import_no_followthemoney(tmp_path: Path) -> None:
-    """followthemoney costs about 0.5 s of a process's start: a flush or an
-    archive command never imports it (nor does ``lakehouse --help``); writing
-    entities does."""
+    """followthemoney costs about 0.5 s of a process's start, duckdb 0.2 s: a
+    flush, an archive listing, ``status``, ``versions`` and ``queue ls`` import
+    neither (nor does ``lakehouse --help``); writing entities does."""
     lake_dir, journal = tmp_path / "lake", f"sqlite:///{tmp_path / 'journal.sqlite'}"
     Lakehouse(lake_dir, journal_url=journal).create_dataset("quiet")
     probe = (
@@ -555,10 +580,13 @@ def test_commands_that_touch_no_entity_import_no_followthemoney(tmp_path: Path) 
         "from lakehouse_assets.cli import cli\n"
         "for args in sys.argv[1:]:\n"
         "    cli.main(args.split('|'), standalone_mode=False)\n"
-        "print('\\nimported:', 'followthemoney' in sys.modules)\n"
+        "print('\\nimported:', 'followthemoney' in sys.modules or 'duckdb' in sys.modules)\n"
     )
     common = f"--lake|{lake_dir}|--journal-url|{journal}"
-    quiet = [f"{common}|-d|quiet|{command}" for command in ("flush", "archive|ls")]
+    quiet = [
+        f"{common}|-d|quiet|{command}"
+        for command in ("flush", "archive|ls", "status", "versions", "queue|ls")
+    ]
 
     def imported(*commands: str) -> bool:
         done = run_python(probe, *commands)
@@ -686,3 +714,55 @@ def test_the_cli_exits_without_teardown_but_runs_exit_handlers_and_flushes(
     assert (listed.returncode, listed.stdout.split()) == (0, ["one"])
     bad = subprocess.run([exe, "--nope"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no such option" in bad.stderr.lower()
+
+
+def test_a_json_document_is_indented_on_a_terminal_and_one_line_on_a_pipe(
+    tmp_path: Path,
+) -> None:
+    """``--json`` for a person (a terminal) is indented; for a script (a pipe) it is
+    one line holding one document. Also: a dataset with no flush yet says so
+    instead of printing table version ``vNone``."""
+    import os
+    import pty
+
+    lake_dir = tmp_path / "lake"
+    Lakehouse(lake_dir, journal_url=f"sqlite:///{tmp_path / 'j.sqlite'}").create_dataset("docs")
+    exe = str(Path(sys.executable).parent / "lakehouse")
+    env = {**os.environ, "LAKEHOUSE_LAKE_URI": str(lake_dir)}
+    env["LAKEHOUSE_JOURNAL_URL"] = f"sqlite:///{tmp_path / 'j.sqlite'}"
+
+    def on_terminal(*args: str) -> str:
+        leader, follower = pty.openpty()
+        with subprocess.Popen(
+            [exe, *args], stdout=follower, stderr=subprocess.DEVNULL, env=env
+        ) as p:
+            os.close(follower)
+            chunks = []
+            while True:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            os.close(leader)
+            assert p.wait(timeout=60) == 0
+        return b"".join(chunks).decode().replace("\r\n", "\n")
+
+    piped = subprocess.run(
+        [exe, "-d", "docs", "status", "--json"], capture_output=True, text=True, env=env
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert len(piped.stdout.strip().splitlines()) == 1
+    shown = on_terminal("-d", "docs", "status", "--json")
+    assert len(shown.strip().splitlines()) > 10
+    assert json.loads(shown) == json.loads(piped.stdout)
+    text = on_terminal("-d", "docs", "status")
+    assert "vNone" not in text and "statements table: none yet (no flush has run)" in text
+    # datasets list: a table for a person, names for a script
+    table = on_terminal("datasets", "list").splitlines()
+    assert table[0].split()[:4] == ["dataset", "version", "waiting", "title"]
+    assert table[1].split()[:3] == ["docs", "-", "0"]
+    names = subprocess.run([exe, "datasets", "list"], capture_output=True, text=True, env=env)
+    assert names.stdout.split() == ["docs"]

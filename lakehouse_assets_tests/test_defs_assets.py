@@ -224,6 +224,34 @@ def test_materialize_the_graph_twice(
     assert mats["statements_csv"]["dagster/row_count"] == live
     assert mats["entities_ftm_json"]["dagster/row_count"] == len(entities)
     assert mats["statements_csv"]["dagster/uri"].endswith(cv.STATEMENTS_CSV)
+    # ... and every number the no-op run reports is what the files and tables hold
+    index = json.loads(ds.store.read_text(cv.dataset_path(ds.name, cv.INDEX)))
+    head = ds.version()
+    assert head is not None and head.sequence == 2
+    assert not mats["index"]["rewritten"]
+    assert mats["index"]["outcome"].startswith("unchanged")
+    assert mats["index"]["resources"] == len(index["resources"]) > 0
+    assert (mats["index"]["version"], mats["index"]["version_hash"]) == (2, head.hash)
+    assert "entities_add" not in mats["index"]
+    for key, path in (
+        ("statements_csv", cv.STATEMENTS_CSV),
+        ("entities_ftm_json", cv.ENTITIES_JSON),
+        ("index", cv.INDEX),
+    ):
+        assert mats[key]["size_bytes"] == ds.store.size(cv.dataset_path(ds.name, path)), key
+    lines = ds.store.read_text(cv.dataset_path(ds.name, cv.STATEMENTS_CSV)).splitlines()
+    assert mats["statements_csv"]["dagster/row_count"] == len(lines) - 1  # the header
+    # the flush had nothing to do: it says so, and keeps the last real flush's counts
+    flushed = mats["statements"]
+    assert flushed["outcome"].startswith("nothing new")
+    assert "new_statements" not in flushed and "journal_rows_flushed" not in flushed
+    assert flushed["last_flush_new_statements"] == 2
+    assert flushed["last_flush_tombstoned_statements"] == deleted
+    assert (
+        flushed["dagster/row_count"]
+        == ds.statements_table.table().to_pyarrow_dataset().count_rows()
+    )  # type: ignore[union-attr]
+    assert flushed["delta_version"] == ds.statements_table.table().version()  # type: ignore[union-attr]
 
 
 def test_blocking_check_stops_bad_data(
@@ -262,7 +290,8 @@ def test_fresh_exports_are_kept_and_reported(
     again = materialize(local_lake, instance, ds.name)
     assert again.success
     mats = materializations(again)
-    assert mats["statements"]["new_statements"] == 0
+    assert mats["statements"]["outcome"].startswith("nothing new")
+    assert mats["statements"]["last_flush_new_statements"] == 2  # id + name of p1
     assert not any(
         mats[k]["rewritten"] for k in ("statements_csv", "entities_ftm_json", "statistics")
     )

@@ -15,6 +15,7 @@ from dagster_pyspark import PySparkResource
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.definitions import AUTOMATION_TAGS, defs
 from lakehouse_assets.defs.demo import report_sources
+from lakehouse_assets.defs.demo import summary as demo_summary
 from lakehouse_assets.defs.freshness import CHECK, freshness_checks
 from lakehouse_assets.defs.maintenance import RANGE_END, RANGE_START
 from lakehouse_assets.defs.partitions import DATASETS
@@ -160,6 +161,12 @@ def test_one_run_refreshes_many_datasets_then_maintains_them(
     # the partitioned freshness check judged each dataset, and all are fresh
     evaluations = [c for c in result.get_asset_check_evaluations() if c.check_name == CHECK]
     assert evaluations and all(c.passed for c in evaluations)
+    # the demo's summary of the run says what each materialization did: no empty rows
+    # (the graph assets' rows were empty)
+    rows = [line for line in demo_summary(result)[1:] if not line.startswith(" " * 20)]
+    assert any(row.split()[0] == "graph" for row in rows)
+    for row in rows:
+        assert len(row.split()) > 1, row
 
     # nightly maintenance: one run over the datasets; statements observed per dataset
     before = {n: local_lake.dataset(n).statements_table.table().version() for n in names}  # type: ignore[union-attr]
@@ -265,3 +272,20 @@ def test_schedules_ask_for_one_run_over_every_dataset() -> None:
             (request,) = list(schedule.evaluate_tick(ctx).run_requests or [])
             assert request.partition_key_range == dg.PartitionKeyRange("a", "c")
             assert request.run_key and "20261122T0200" in request.run_key
+
+
+def test_loading_the_definitions_shows_no_beta_or_preview_notice() -> None:
+    """A code server loads the definitions at every start and every run: Dagster's
+    notices about the two APIs we use on purpose (single-run backfills,
+    partitioned checks) repeated seven blocks each time. Loaded with every
+    warning shown, none of them is printed."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-W", "always", "-c", "import lakehouse_assets.definitions"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "BetaWarning" not in done.stderr and "PreviewWarning" not in done.stderr, done.stderr

@@ -832,10 +832,12 @@ def test_cli_versions_verify_as_of(spark: SparkSession, local_lake: Lakehouse) -
     for e in entities[:3]:
         ds.add_entity(e)
     ds.make()
-    ds.delete_entity(str(entities[0]["id"]))
-    ds.make()
     base = cli_args(ds)
     runner = CliRunner()
+    out = runner.invoke(cli, [*base, "verify"])  # one version: said in the singular
+    assert out.exit_code == 0 and out.output.startswith("ok: cli_versions: 1 version, head")
+    ds.delete_entity(str(entities[0]["id"]))
+    ds.make()
     out = runner.invoke(cli, [*base, "versions"])
     assert out.exit_code == 0, out.output
     assert "add 3" in out.output and "del 1" in out.output

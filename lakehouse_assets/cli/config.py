@@ -9,7 +9,7 @@ import click
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.cli.context import JSON_OPTION, Context, pass_ctx
-from lakehouse_assets.cli.output import _echo_json
+from lakehouse_assets.cli.output import _echo_document
 from lakehouse_assets.cli.root import cli
 
 
@@ -64,7 +64,7 @@ def config_show(obj: Context, as_json: bool) -> None:
         "effective": sources,
     }
     if as_json or not sys.stdout.isatty():
-        _echo_json(report)
+        _echo_document(report)
         return
     click.echo(f"catalog config  {report['path']}" + ("" if report["exists"] else " (none yet)"))
     click.echo(f"  name          {config.name}")

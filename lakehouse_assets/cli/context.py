@@ -9,14 +9,18 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.storage import check_lake_uri
+
+if TYPE_CHECKING:
+    # the facade pulls in pyarrow, SQLAlchemy and delta-rs (0.5 s and more):
+    # imported when a command opens the lake, not for --version or --help
+    from lakehouse_assets.lake import Dataset, Lakehouse
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,6 +61,8 @@ class Context:
                         f"no lake at {folder}: create one with `lakehouse --lake {uri} "
                         "datasets create NAME`, or point --lake at an existing lake"
                     )
+            from lakehouse_assets.lake import Lakehouse
+
             self._lake = Lakehouse(
                 settings=self.settings, journal_url=self._journal_url, tenant=self._tenant
             )

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+from typing import TYPE_CHECKING
+
 import click
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.cli.context import Context, pass_ctx
+from lakehouse_assets.cli.output import _echo_json
 from lakehouse_assets.cli.root import cli
+
+if TYPE_CHECKING:
+    from lakehouse_assets.overview import DatasetLine
 
 
 @cli.group()
@@ -15,16 +22,63 @@ def datasets() -> None:
 
 
 @datasets.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per dataset (JSON lines).")
+@click.option("--names", is_flag=True, help="Names only, one per line (the default on a pipe).")
 @pass_ctx
-def datasets_list(obj: Context) -> None:
-    """Print the datasets of the lake, one per line.
+def datasets_list(obj: Context, as_json: bool, names: bool) -> None:
+    """The datasets of the lake: on a terminal a table (name, title, published
+    version, journal rows waiting, stale exports); on a pipe one name per line.
 
     \b
     Example:
       lakehouse --lake ./lake datasets list
+      lakehouse --lake ./lake datasets list --json | jq -r 'select(.pending > 0) | .name'
     """
-    for name in obj.lake.datasets():
-        click.echo(name)
+    if names or not (as_json or sys.stdout.isatty()):
+        for name in obj.lake.datasets():
+            click.echo(name)
+        return
+    lines = _dataset_lines(obj)
+    if as_json:
+        for line in lines:
+            _echo_json(line.as_dict())
+        return
+    _print_lines(lines, obj.lake.store.uri)
+
+
+def _dataset_lines(obj: Context) -> list[DatasetLine]:
+    from lakehouse_assets.overview import dataset_lines
+
+    lake = obj.lake
+    return list(dataset_lines(lake.store, lake.dataset, lake.journal.counts()))
+
+
+def _print_lines(lines: list[DatasetLine], uri: str) -> None:
+    """The catalog as a table for a person."""
+    if not lines:
+        click.echo(f"no datasets in {uri}: create one with `lakehouse datasets create NAME`")
+        return
+    width = max(len(line.name) for line in lines)
+    titles = min(max(len(line.title) for line in lines), 40)
+    click.echo(f"{'dataset':<{width}}  {'version':>7}  {'waiting':>9}  {'title':<{titles}}  stale")
+    for line in lines:
+        version = "-" if line.version is None else str(line.version)
+        title = line.title if len(line.title) <= titles else line.title[: titles - 1] + "…"
+        click.echo(
+            f"{line.name:<{width}}  {version:>7}  {line.pending:>9,}  {title:<{titles}}  "
+            f"{_stale(line.stale)}"
+        )
+
+
+def _stale(kinds: list[str]) -> str:
+    """The stale files, shortest: ``-`` (none), ``all exports`` (+ the graph), or their names."""
+    exports = {"statements", "entities", "statistics", "index"}
+    if not kinds:
+        return "-"
+    if exports <= set(kinds):
+        rest = sorted(set(kinds) - exports)
+        return ", ".join(["all exports", *rest])
+    return ", ".join(kinds)
 
 
 @datasets.command("create")

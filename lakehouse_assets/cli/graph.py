@@ -8,7 +8,7 @@ from typing import TextIO
 import click
 
 from lakehouse_assets.cli.context import AS_OF_HELP, Context, pass_ctx
-from lakehouse_assets.cli.output import _echo_json
+from lakehouse_assets.cli.output import _echo_document, _echo_json
 from lakehouse_assets.cli.root import cli
 
 
@@ -114,7 +114,7 @@ def graph_update(obj: Context) -> None:
     """
     from lakehouse_assets import graph
 
-    _echo_json(graph.update(obj.dataset()).as_dict())
+    _echo_document(graph.update(obj.dataset()).as_dict())
 
 
 @graph_group.command("rebuild")
@@ -128,7 +128,7 @@ def graph_rebuild(obj: Context) -> None:
     """
     from lakehouse_assets import graph
 
-    _echo_json(graph.rebuild(obj.dataset()).as_dict())
+    _echo_document(graph.rebuild(obj.dataset()).as_dict())
 
 
 @graph_group.command("export")
@@ -154,7 +154,7 @@ def graph_export(obj: Context, force: bool, ftm_cypher: TextIO | None) -> None:
     if ftm_cypher is not None:
         graph_exports.write_cypher(ds, ftm_cypher, ftm_compatible=True)
         return
-    _echo_json(graph_exports.export_graph(ds, force=force))
+    _echo_document(graph_exports.export_graph(ds, force=force))
 
 
 @graph_group.command("status")
@@ -168,4 +168,4 @@ def graph_status(obj: Context) -> None:
     """
     from lakehouse_assets import graph
 
-    _echo_json(graph.status(obj.dataset()))
+    _echo_document(graph.status(obj.dataset()))

@@ -9,7 +9,7 @@ import click
 from tqdm import tqdm
 
 from lakehouse_assets.cli.context import Context, pass_ctx
-from lakehouse_assets.cli.output import _echo_json
+from lakehouse_assets.cli.output import _echo_document
 from lakehouse_assets.cli.root import cli
 
 
@@ -64,7 +64,7 @@ def crawl_cmd(
             follow_symlinks=follow_symlinks,
             progress=bar.update,
         )
-    _echo_json({**result.as_dict(), "errors": result.errors})
+    _echo_document({**result.as_dict(), "errors": result.errors})
 
 
 @cli.group()
@@ -126,4 +126,4 @@ def mapping_process(obj: Context, csv_checksum: str, force: bool, engine: str) -
     spark = None if engine == "auto" else engine == "spark"
     ds = obj.dataset()
     checksum = ds.archive.resolve(csv_checksum)  # a unique prefix will do
-    _echo_json(ds.process_mapping(checksum, force=force, spark=spark).as_dict())
+    _echo_document(ds.process_mapping(checksum, force=force, spark=spark).as_dict())

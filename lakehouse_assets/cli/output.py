@@ -12,7 +12,15 @@ import click
 
 
 def _echo_json(data: Any) -> None:
+    """One JSON line (of a stream of them: entities, edges, records)."""
     click.echo(json.dumps(data, default=str))
+
+
+def _echo_document(data: Any) -> None:
+    """One JSON document: indented on a terminal, for a person to read; a single
+    line on a pipe or in a file, for ``jq`` and scripts."""
+    indent = 2 if sys.stdout.isatty() else None
+    click.echo(json.dumps(data, default=str, indent=indent))
 
 
 def _size(n: int) -> str:
@@ -76,7 +84,7 @@ def _report(result: Any, as_json: bool = False) -> None:
     """JSON for scripts (stdout not a terminal, or --json), a short summary for people."""
     data = result.as_dict()
     if as_json or not sys.stdout.isatty():
-        _echo_json(data)
+        _echo_document(data)
         return
     for line in _human(data):
         click.echo(line)

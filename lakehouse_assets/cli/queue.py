@@ -9,7 +9,7 @@ import click
 
 from lakehouse_assets.cli.context import JSON_OPTION, Context, pass_ctx
 from lakehouse_assets.cli.errors import one_line
-from lakehouse_assets.cli.output import _echo_json
+from lakehouse_assets.cli.output import _echo_document, _echo_json
 from lakehouse_assets.cli.root import cli
 from lakehouse_assets.errors import InvalidInputError
 
@@ -133,7 +133,7 @@ def queue_consume(obj: Context, limit: int | None, wait: float, as_json: bool) -
     result = obj.dataset().queue.consume(limit=limit, wait=wait)
     data = result.as_dict()
     if as_json or not sys.stdout.isatty():
-        _echo_json(data)
+        _echo_document(data)
     else:
         click.echo(
             f"applied {result.applied}, recovered {result.recovered}, "

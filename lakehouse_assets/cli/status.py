@@ -12,7 +12,7 @@ import click
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.cli.context import Context, pass_ctx
 from lakehouse_assets.cli.errors import one_line
-from lakehouse_assets.cli.output import _echo_json
+from lakehouse_assets.cli.output import _echo_document, _echo_json
 from lakehouse_assets.cli.root import cli
 from lakehouse_assets.errors import LakehouseError
 
@@ -106,16 +106,29 @@ def jobs_ls(obj: Context, job_type: str | None, as_json: bool) -> None:
 def status_cmd(obj: Context, as_json: bool) -> None:
     """What a dataset holds and what is stale: journal rows waiting, table
     versions, each export's freshness (and why), the last job runs, the lock.
+    Without -d: every dataset of the lake, one line each.
 
     Reads only (no flush, no Spark).
 
     \b
     Example:
       lakehouse -d my_dataset status
+      lakehouse status --json | jq '.datasets[] | select(.stale != [])'
     """
     from lakehouse_assets.freshness import freshness
     from lakehouse_assets.jobs import list_runs
 
+    if not obj.dataset_name:
+        from lakehouse_assets.cli.datasets import _dataset_lines, _print_lines
+
+        lines = _dataset_lines(obj)
+        if as_json:
+            _echo_document(
+                {"lake": obj.lake.store.uri, "datasets": [line.as_dict() for line in lines]}
+            )
+        else:
+            _print_lines(lines, obj.lake.store.uri)
+        return
     ds = obj.dataset()
     pending = ds.journal.count(ds.name)
     snapshot = ds.snapshot()
@@ -160,17 +173,14 @@ def status_cmd(obj: Context, as_json: bool) -> None:
         "operation_locks": operations,
     }
     if as_json:
-        _echo_json(report)
+        _echo_document(report)
         return
     click.echo(f"dataset {ds.name}")
     click.echo(f"  journal: {pending} rows waiting for a flush")
     click.echo(f"  queue: {report['queue_pending']} actions waiting")
     for invalid in queue_invalid:
         click.echo(f"  queue: never consumed: {invalid['folder']} ({invalid['error']})")
-    click.echo(
-        f"  statements table: v{snapshot.statements.version} published"
-        f" (latest v{latest}); translog v{snapshot.translog.version}"
-    )
+    click.echo(f"  {_tables_line(snapshot.statements.version, latest, snapshot.translog.version)}")
     if head is not None:
         click.echo(f"  published: version {head.sequence} ({head.hash[:21]}…)")
     for kind, info in exports.items():
@@ -183,3 +193,12 @@ def status_cmd(obj: Context, as_json: bool) -> None:
     click.echo(f"  lock: {lock}")
     for name, holder in operations.items():
         click.echo(f"  lock {name}: held: {holder}")
+
+
+def _tables_line(published: int | None, latest: int | None, translog: int | None) -> str:
+    """The tables' versions, or that there are none yet (no flush has made them)."""
+    if published is None and latest is None:
+        return "statements table: none yet (no flush has run)"
+    shown = "none" if published is None else f"v{published}"
+    ahead = "" if latest == published else f" (latest v{latest}, not published yet)"
+    return f"statements table: {shown} published{ahead}; translog v{translog}"

@@ -7,7 +7,7 @@ import sys
 import click
 
 from lakehouse_assets.cli.context import Context, pass_ctx
-from lakehouse_assets.cli.output import _echo_json
+from lakehouse_assets.cli.output import _echo_document, _echo_json
 from lakehouse_assets.cli.root import cli
 
 
@@ -100,7 +100,7 @@ def verify_cmd(obj: Context, deep: bool, trusted_head: str | None, as_json: bool
     """
     report = obj.dataset().verify(deep=deep, trusted_head=trusted_head)
     if as_json:
-        _echo_json(report.as_dict())
+        _echo_document(report.as_dict())
     else:
         for note in report.notes:
             click.echo(f"note: {note}", err=True)
@@ -109,9 +109,14 @@ def verify_cmd(obj: Context, deep: bool, trusted_head: str | None, as_json: bool
         if report.ok:
             mb = report.bytes_hashed / 1e6
             click.echo(
-                f"ok: {report.dataset}: {report.versions} versions, head {report.head}, "
-                f"{report.files_hashed} files ({mb:.1f} MB) hashed"
+                f"ok: {report.dataset}: {_count(report.versions, 'version')}, head "
+                f"{report.head}, {_count(report.files_hashed, 'file')} ({mb:.1f} MB) hashed"
                 + (", logical hash recomputed" if deep else "")
             )
     if not report.ok:
         sys.exit(1)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 version``, ``2 versions``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

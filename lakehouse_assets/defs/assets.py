@@ -25,6 +25,8 @@ from lakehouse_assets.defs.batch import SINGLE_RUN, Report, for_each_dataset, ma
 from lakehouse_assets.defs.freshness import POLICY as FRESHNESS
 from lakehouse_assets.defs.metadata import (
     export_metadata,
+    flush_counts,
+    index_metadata,
     markdown_table,
     schema_distribution,
     table_metadata,
@@ -113,15 +115,7 @@ def flush_tables(
         ds = lakehouse.dataset(name, spark)
         result = flush(ds)  # starts Spark only if the journal holds rows
         context.log.info("flush of %s: %s", ds.name, result.as_dict())
-        counts = {
-            "new_statements": result.new,
-            "duplicate_statements": result.duplicates,
-            "tombstoned_statements": result.tombstones,
-            "superseded_events": result.superseded,
-            "ignored_tombstones": result.ignored_tombstones,
-            "journal_rows_flushed": result.journal_rows,
-            "duration_seconds": round(result.seconds, 3),
-        }
+        counts = flush_counts(ds, result.as_dict())
         reports = {}
         for key, location in (("statements", ds.statements_table), ("translog", ds.translog_table)):
             summary = table_summary(location)
@@ -248,17 +242,7 @@ def index(
 def _index(ds: Dataset) -> Report:
     clock = time.monotonic()
     result = export(ds, [INDEX])  # kept when fresh: no new version when nothing changed
-    written = result.written.get(INDEX) or {}
-    meta = export_metadata(ds, INDEX, written)
-    meta["resources"] = int(written.get("resources", 0))
-    version = written.get("version") or {}
-    if version.get("sequence") is not None:
-        meta["version"] = int(version["sequence"])
-        meta["version_hash"] = str(version["hash"])
-        for op, count in ((version.get("diff") or {}).get("counts") or {}).items():
-            meta[f"entities_{op.lower()}"] = int(count)
-    elif version.get("skipped"):
-        meta["version"] = dg.MetadataValue.text(str(version["skipped"]))
+    meta = index_metadata(ds, result.written.get(INDEX))
     meta["duration_seconds"] = round(time.monotonic() - clock, 3)
     return Report(meta, tag_version(ds, cv.EXPORTS_INDEX))
 

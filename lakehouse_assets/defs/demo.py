@@ -66,9 +66,16 @@ def summary(result: dg.ExecuteInProcessResult) -> list[str]:
             ("of journal rows", "journal_rows_flushed"),
             ("delta version", "delta_version"),
             ("bytes", "size_bytes"),
+            ("edges", "edges"),
+            ("added", "edges_added"),
+            ("tombstoned", "edges_tombstoned"),
+            ("nodes", "nodes"),
+            ("relationships", "relationships"),
         ):
             if field in meta:
                 parts.append(f"{label} {meta[field]}")
+        if meta.get("rewritten") is False:
+            parts.append("unchanged (kept)")
         uri = meta.get("dagster/uri", "")
         lines.append(f"  {key:<18} {', '.join(parts)}")
         if uri:

@@ -15,7 +15,7 @@ import dagster as dg
 import pyarrow as pa
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.freshness import EXPORTS
+from lakehouse_assets.freshness import EXPORTS, INDEX
 from lakehouse_assets.lake import Dataset
 from lakehouse_assets.tables.delta import DeltaLocation
 
@@ -144,6 +144,65 @@ def last_written_rows(ds: Dataset, kind: str, runs: int = 20) -> int | None:
         if isinstance(done.get("rows"), int) and run.status == "succeeded":
             return int(done["rows"])
     return None
+
+
+#: The flush's counts as the statements and translog assets report them.
+FLUSH_COUNTS = {
+    "new": "new_statements",
+    "duplicates": "duplicate_statements",
+    "tombstones": "tombstoned_statements",
+    "superseded": "superseded_events",
+    "ignored_tombstones": "ignored_tombstones",
+    "journal_rows": "journal_rows_flushed",
+}
+
+
+def flush_counts(ds: Dataset, done: Mapping[str, Any], runs: int = 50) -> dict[str, Any]:
+    """What a flush did, as asset metadata. A flush with nothing to do says so and
+    carries the last real flush's counts as ``last_flush_*`` (from the newest
+    ``runs`` job records), so the partition's page never hides them behind zeros."""
+    meta: dict[str, Any] = {"duration_seconds": round(float(done.get("seconds") or 0), 3)}
+    if done.get("journal_rows"):
+        meta.update({name: int(done.get(key) or 0) for key, name in FLUSH_COUNTS.items()})
+        return meta
+    meta["outcome"] = "nothing new: the journal held no rows for this dataset"
+    from lakehouse_assets.jobs import JobRun
+
+    prefix = cv.dataset_path(ds.name, cv.JOB_RUNS, "flush") + "/"
+    for path in sorted(ds.store.list(prefix))[-runs:][::-1]:  # names sort by start time
+        run = JobRun.model_validate_json(ds.store.read_bytes(path))
+        if run.status == "succeeded" and run.stats.get("journal_rows"):
+            meta["last_flush_at"] = dg.MetadataValue.timestamp(run.started_at)
+            for key, name in FLUSH_COUNTS.items():
+                meta[f"last_flush_{name}"] = int(run.stats.get(key) or 0)
+            break
+    return meta
+
+
+def index_metadata(ds: Dataset, written: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The index asset's metadata from what is published, not from what the step
+    returned: the head version (number, hash), the resources ``index.json`` lists,
+    and whether this step published a new version or kept the index as it was."""
+    import json
+
+    version = (written or {}).get("version") or {}
+    published = version.get("sequence") is not None
+    meta = export_metadata(ds, INDEX, written if published else None)
+    path = cv.dataset_path(ds.name, cv.INDEX)
+    if ds.store.exists(path):
+        meta["resources"] = len(json.loads(ds.store.read_text(path)).get("resources") or [])
+    head = ds.version()
+    if head is not None:
+        meta["version"] = head.sequence
+        meta["version_hash"] = head.hash
+    if published:
+        meta["outcome"] = f"published version {version['sequence']}"
+        for op, count in ((version.get("diff") or {}).get("counts") or {}).items():
+            meta[f"entities_{op.lower()}"] = int(count)
+    else:
+        why = version.get("skipped") or "index.json is fresh"
+        meta["outcome"] = f"unchanged: {why}"
+    return meta
 
 
 def tag_version(ds: Dataset, tag: str) -> dg.DataVersion | None:

@@ -34,7 +34,7 @@ from lakehouse_assets.tables.schemas import (
 from lakehouse_assets.tables.snapshot import DataFile, DatasetSnapshot, arrow_dataset
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
     from lakehouse_assets.tables.delta import CommitFence as Fence
 
 
@@ -62,13 +62,13 @@ class GraphResult:
         }
 
 
-def rebuild(ds: Dataset) -> GraphResult:
+def rebuild(ds: DatasetContext) -> GraphResult:
     """Build both directions from the live statements of the current snapshot."""
     with ds.table_lock("graph") as lock:
         return _rebuild(ds, lock.fence())
 
 
-def _rebuild(ds: Dataset, fence: Fence) -> GraphResult:
+def _rebuild(ds: DatasetContext, fence: Fence) -> GraphResult:
     clock = time.monotonic()
     # the caller holds the dataset's table lock; ``fence`` is its
     snapshot = ds.snapshot()
@@ -104,7 +104,7 @@ def _rebuild(ds: Dataset, fence: Fence) -> GraphResult:
     )
 
 
-def _live_edges(ds: Dataset, snapshot: DatasetSnapshot) -> tuple[pa.Table, pa.Table, int]:
+def _live_edges(ds: DatasetContext, snapshot: DatasetSnapshot) -> tuple[pa.Table, pa.Table, int]:
     """The snapshot's live entity-typed statements as edges (generation 0),
     sorted by (prop, source) and by (prop, target), and how many of them point
     at no live entity of the dataset.
@@ -156,7 +156,7 @@ def _live_keys(rows: pa.Table) -> pa.Table:
     return live.select(["origin", "id", "bucket"])
 
 
-def update(ds: Dataset) -> GraphResult:
+def update(ds: DatasetContext) -> GraphResult:
     """Bring the index up to the current snapshot: append new edges, tombstone
     removed ones (a rebuild if there is no index, or a rebuild was cut off)."""
     from lakehouse_assets.tables.changes import changed_translog_rows
@@ -236,7 +236,7 @@ _KEYS: Final = ["origin", "id", "bucket"]
 
 
 def _appended_changes(
-    ds: Dataset, old: DatasetSnapshot, new: DatasetSnapshot
+    ds: DatasetContext, old: DatasetSnapshot, new: DatasetSnapshot
 ) -> tuple[pa.Table, pa.Table, pa.Table] | None:
     """What flushes changed since ``old``, read from their footprint alone:
     ``(new statements, revived keys, removed keys)``, or ``None`` when the
@@ -298,7 +298,7 @@ def _count_by_prop(edges: pa.Table) -> dict[str, int]:
     )
 
 
-def _max_generation(ds: Dataset) -> int:
+def _max_generation(ds: DatasetContext) -> int:
     """The highest generation any table holds (rows of killed updates included)."""
     best = 0
     for table in (BY_SOURCE, TOMBSTONES):
@@ -311,7 +311,7 @@ def _max_generation(ds: Dataset) -> int:
     return best
 
 
-def _statement_rows(ds: Dataset, snapshot: DatasetSnapshot, keys: pa.Table) -> pa.Table:
+def _statement_rows(ds: DatasetContext, snapshot: DatasetSnapshot, keys: pa.Table) -> pa.Table:
     """The statement rows of (origin, id) keys, read from the buckets they are in."""
     from lakehouse_assets.query import rows_by_id
 

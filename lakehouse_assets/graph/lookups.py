@@ -30,7 +30,7 @@ from lakehouse_assets.tables.lookups import point_lookup
 from lakehouse_assets.tables.snapshot import DataFile, arrow_dataset
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
     from lakehouse_assets.tables.snapshot import DatasetSnapshot
 
 
@@ -91,7 +91,7 @@ def check_filters(props: Sequence[str] | None, schemata: Sequence[str] | None) -
 
 
 def _lookup(
-    ds: Dataset,
+    ds: DatasetContext,
     table: str,
     column: str,
     entity_id: str,
@@ -126,7 +126,7 @@ def _lookup(
     )
 
 
-def _visible(ds: Dataset, rows: pa.Table, state: GraphState) -> pa.Table:
+def _visible(ds: DatasetContext, rows: pa.Table, state: GraphState) -> pa.Table:
     """Rows of completed generations, minus tombstoned ones, one per (origin, edge)."""
     if rows.num_rows == 0:
         return rows
@@ -164,7 +164,7 @@ def _visible(ds: Dataset, rows: pa.Table, state: GraphState) -> pa.Table:
     return rows.take(pa.array(keep, pa.int64()))
 
 
-def all_edges(ds: Dataset) -> pa.Table:
+def all_edges(ds: DatasetContext) -> pa.Table:
     """Every visible edge (one direction read in full: for checks and exports)."""
     state = GraphState.load(ds)
     if state is None:
@@ -176,12 +176,12 @@ def all_edges(ds: Dataset) -> pa.Table:
     return _visible(ds, rows, state)
 
 
-def edge_count(ds: Dataset) -> int:
+def edge_count(ds: DatasetContext) -> int:
     return int(all_edges(ds).num_rows)
 
 
 def refs(
-    ds: Dataset,
+    ds: DatasetContext,
     entity_id: str,
     *,
     direction: str = "in",
@@ -223,7 +223,7 @@ def refs(
 
 
 def edges_at(
-    ds: Dataset,
+    ds: DatasetContext,
     entity_id: str,
     direction: str = "in",
     props: Sequence[str] | None = None,
@@ -239,7 +239,7 @@ def edges_at(
 
 
 def _scan_edges(
-    ds: Dataset,
+    ds: DatasetContext,
     entity_id: str,
     direction: str,
     props: Sequence[str] | None,
@@ -266,7 +266,7 @@ def _scan_edges(
 
 
 def _describe(
-    ds: Dataset,
+    ds: DatasetContext,
     found: list[tuple[str, dict[str, Any]]],
     schemata: Sequence[str] | None,
     snapshot: DatasetSnapshot | None,
@@ -302,7 +302,7 @@ def _describe(
 
 
 def neighbours(
-    ds: Dataset, entity_id: str, *, depth: int = 1, limit: int = 100
+    ds: DatasetContext, entity_id: str, *, depth: int = 1, limit: int = 100
 ) -> Iterator[dict[str, Any]]:
     """Entities around ``entity_id`` (itself first), breadth first over edges in
     both directions, up to ``depth`` hops and ``limit`` entities, as FtM JSON."""

@@ -16,7 +16,7 @@ from lakehouse_assets.graph.tables import BY_SOURCE, BY_TARGET, STATE, TOMBSTONE
 from lakehouse_assets.tables.snapshot import DatasetSnapshot
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 
 @dataclass(slots=True)
@@ -37,7 +37,7 @@ class GraphState:
     #: file instead of two Delta logs
     files: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
-    def record_files(self, ds: Dataset) -> None:
+    def record_files(self, ds: DatasetContext) -> None:
         self.files = {
             table: _table_files(ds, table, column)
             for table, column in (
@@ -48,20 +48,20 @@ class GraphState:
         }
 
     @classmethod
-    def load(cls, ds: Dataset) -> GraphState | None:
+    def load(cls, ds: DatasetContext) -> GraphState | None:
         path = cv.dataset_path(ds.name, STATE)
         if not ds.store.exists(path):
             return None
         data = json.loads(ds.store.read_text(path))
         return cls(**{k: v for k, v in data.items() if k in cls.__slots__})
 
-    def save(self, ds: Dataset) -> None:
+    def save(self, ds: DatasetContext) -> None:
         self.updated_at = cv.utcnow().isoformat()
         data = {k: getattr(self, k) for k in self.__slots__}
         ds.store.write_text(cv.dataset_path(ds.name, STATE), json.dumps(data, indent=1))
 
 
-def status(ds: Dataset) -> dict[str, Any]:
+def status(ds: DatasetContext) -> dict[str, Any]:
     """What the index reflects, and whether that is the current snapshot."""
     state = GraphState.load(ds)
     if state is None:

@@ -18,7 +18,7 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.tables.delta import CommitFence, DeltaLocation, fenced_write
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 
 #: One edge as stored (both directions hold the same columns).
@@ -50,7 +50,7 @@ ROW_GROUP_ROWS: Final = 4096
 FILE_BYTES: Final = 4 * 1024 * 1024
 
 
-def _table_files(ds: Dataset, table: str, column: str) -> list[dict[str, Any]]:
+def _table_files(ds: DatasetContext, table: str, column: str) -> list[dict[str, Any]]:
     """A table's files with their property partition and min/max of ``column``."""
     dt = table_location(ds, table).table()
     if dt is None:
@@ -66,7 +66,7 @@ def _table_files(ds: Dataset, table: str, column: str) -> list[dict[str, Any]]:
     ]
 
 
-def table_location(ds: Dataset, table: str) -> DeltaLocation:
+def table_location(ds: DatasetContext, table: str) -> DeltaLocation:
     """Where one of the index's Delta tables lives (``graph/by_source``, ...)."""
     return DeltaLocation(
         ds.store.full_uri(cv.dataset_path(ds.name, table)), ds.store.storage_options()
@@ -83,7 +83,7 @@ def _writer(lookup: str) -> WriterProperties:
 
 
 def _write(
-    ds: Dataset,
+    ds: DatasetContext,
     table: str,
     data: pa.Table,
     mode: Literal["append", "overwrite"],

@@ -27,7 +27,7 @@ from lakehouse_assets import faults
 from lakehouse_assets.access import SourceAccess, read_regular
 from lakehouse_assets.archive import DOCUMENT_MARK, document_entity
 from lakehouse_assets.catalog import describe_errors
-from lakehouse_assets.entities import entity_statements, validate_entity
+from lakehouse_assets.crawl import archive_file
 from lakehouse_assets.errors import (
     ConcurrentWriteError,
     InvalidInputError,
@@ -51,7 +51,7 @@ from lakehouse_assets.sources import local_path
 from lakehouse_assets.storage import LocalStore
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def _consumer() -> dict[str, Any]:
 class Queue:
     """The action queue of one dataset."""
 
-    def __init__(self, dataset: Dataset) -> None:
+    def __init__(self, dataset: DatasetContext) -> None:
         self.dataset = dataset
         self.store = dataset.store
         self.name = dataset.name
@@ -188,9 +188,11 @@ class Queue:
         ``InvalidInputError`` and nothing is queued). A relative local path of
         a file UPSERT is made absolute: the consumer runs elsewhere.
         """
-        who = cv.tenant_name(tenant or self.dataset.lake.tenant)
+        who = cv.tenant_name(tenant or self.dataset.tenant)
         act, res, data = normalize_payload(action, resource, payload)
         if (act, res) == ("UPSERT", "entity"):
+            from lakehouse_assets.entities import validate_entity
+
             validate_entity(data["entity"], dataset=self.name)
         if (act, res) == ("UPSERT", "file"):
             path = local_path(data["uri"])
@@ -552,6 +554,11 @@ class Queue:
 
     def _apply(self, item: QueueItem) -> dict[str, Any]:
         """Apply an item (see the module doc for why each branch is safe to redo)."""
+        # followthemoney (about 0.5 s, more on a loaded machine) is imported where an
+        # entity is made or read, not by `status` or `queue ls`, which count items
+        from lakehouse_assets.entities import entity_statements, validate_entity
+        from lakehouse_assets.query import stored_statements
+
         ds, journal = self.dataset, self.dataset.journal
         write = Write(item.tenant, write_id(item.id))
         writes_journal = item.resource == "entity" or bool(item.payload.get("document"))
@@ -575,7 +582,7 @@ class Queue:
         elif isinstance(payload, EntityDelete):
             stmts = [
                 s
-                for s in ds.stored_statements(payload.entity_id)
+                for s in stored_statements(ds, payload.entity_id)
                 if payload.origin is None or s.origin == payload.origin
             ]
             now = iso(cv.utcnow())
@@ -592,7 +599,8 @@ class Queue:
             source = local_path(payload.uri)
             if source is not None:  # the policy first: no word on a link's target outside it
                 access.check_path(source, payload.uri)
-            meta = ds.add_file(
+            meta = archive_file(
+                ds,
                 payload.uri,
                 checksum=payload.checksum,
                 file_id=payload.file_id,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -19,11 +18,11 @@ from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
 from lakehouse_assets.tables.snapshot import DatasetSnapshot, arrow_dataset
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 
 def changed_translog_rows(
-    ds: Dataset, old: DatasetSnapshot | None, new: DatasetSnapshot
+    ds: DatasetContext, old: DatasetSnapshot | None, new: DatasetSnapshot
 ) -> tuple[pa.Table, pa.Table]:
     """Translog rows (origin, id, bucket) that differ between two snapshots.
 
@@ -50,6 +49,8 @@ def changed_translog_rows(
 
     differs = " OR ".join(f"n.{c} <> o.{c}" for c in cols if c not in ("origin", "id"))
     picked = ", ".join([*(f"n.{c} AS n_{c}" for c in cols), *(f"o.{c} AS o_{c}" for c in cols)])
+    import duckdb  # 0.2 s: imported by the diff that uses it, not by every `versions` reader
+
     con = duckdb.connect(config={"threads": 2})
     try:
         changed = con.execute(

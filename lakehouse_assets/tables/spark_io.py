@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
     from lakehouse_assets.tables.snapshot import DatasetSnapshot
 
 #: Row groups of at most this many rows keep point reads (get entity) cheap: the
@@ -478,7 +478,7 @@ def _now_ms() -> int:
 
 
 def live_frame(
-    spark: SparkSession, ds: Dataset, snapshot: DatasetSnapshot | None = None
+    spark: SparkSession, ds: DatasetContext, snapshot: DatasetSnapshot | None = None
 ) -> DataFrame:
     """Live statements of one snapshot: main rows not deleted in the translog,
     seen range from it."""

@@ -17,7 +17,7 @@ from lakehouse_assets.versions.chain import Version, resolve
 from lakehouse_assets.versions.coverage import vacuumable
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 
 class VersionExpiredError(LakehouseError):
@@ -28,14 +28,14 @@ class VersionDamagedError(LakehouseError):
     """Files of a published version are gone although no vacuum removed them."""
 
 
-def version_snapshot(ds: Dataset, as_of: str | int) -> DatasetSnapshot:
+def version_snapshot(ds: DatasetContext, as_of: str | int) -> DatasetSnapshot:
     """The snapshot of the published version ``as_of`` names (a sequence number,
     snapshot id or time; see :func:`~lakehouse_assets.versions.chain.resolve`):
     what the facade hands the reads, which do not resolve versions themselves."""
     return snapshot_at(ds, resolve(ds, as_of))
 
 
-def snapshot_at(ds: Dataset, version: Version) -> DatasetSnapshot:
+def snapshot_at(ds: DatasetContext, version: Version) -> DatasetSnapshot:
     """The snapshot a version was built from (Delta time travel), if its files remain."""
     translog_version = version.table_version("translog")
     if translog_version is None:
@@ -74,7 +74,7 @@ def snapshot_at(ds: Dataset, version: Version) -> DatasetSnapshot:
     return snapshot
 
 
-def _expired(ds: Dataset, version: Version, why: str) -> VersionExpiredError:
+def _expired(ds: DatasetContext, version: Version, why: str) -> VersionExpiredError:
     age = cv.utcnow() - version.created_at
     hours = int(age.total_seconds() // 3600) + 1
     return VersionExpiredError(

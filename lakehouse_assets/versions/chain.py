@@ -18,7 +18,7 @@ from lakehouse_assets.conventions import CHAIN, chain_entry_path, latest_path
 from lakehouse_assets.errors import LakehouseError
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 
 class VersionNotFoundError(LakehouseError, LookupError):
@@ -62,7 +62,7 @@ class Version:
         }
 
 
-def _read_entry(ds: Dataset, sequence: int) -> dict[str, Any] | None:
+def _read_entry(ds: DatasetContext, sequence: int) -> dict[str, Any] | None:
     path = chain_entry_path(ds.name, sequence)
     if not ds.store.exists(path):
         return None
@@ -70,12 +70,12 @@ def _read_entry(ds: Dataset, sequence: int) -> dict[str, Any] | None:
     return entry
 
 
-def _load(ds: Dataset, entry: Mapping[str, Any]) -> Version:
+def _load(ds: DatasetContext, entry: Mapping[str, Any]) -> Version:
     manifest = json.loads(ds.store.read_text(entry["path"]))
     return Version(int(entry["sequence"]), entry["path"], entry["hash"], manifest)
 
 
-def head_sequence(ds: Dataset) -> int:
+def head_sequence(ds: DatasetContext) -> int:
     """The sequence number of the head (0: nothing published yet).
 
     Starts from ``latest.json`` and follows chain entries past it, so a lagging
@@ -90,7 +90,7 @@ def head_sequence(ds: Dataset) -> int:
     return seq
 
 
-def head(ds: Dataset) -> Version | None:
+def head(ds: DatasetContext) -> Version | None:
     """The latest published version, or ``None``."""
     seq = head_sequence(ds)
     if seq == 0:
@@ -104,14 +104,14 @@ def head(ds: Dataset) -> Version | None:
     return _load(ds, entry)
 
 
-def history(ds: Dataset) -> list[Version]:
+def history(ds: DatasetContext) -> list[Version]:
     """Every published version, oldest first (reads the whole chain)."""
     prefix = cv.dataset_path(ds.name, cv.VERSIONS, CHAIN) + "/"
     entries = sorted(p for p in ds.store.list(prefix) if p.endswith(".json"))
     return [_load(ds, json.loads(ds.store.read_text(p))) for p in entries]
 
 
-def resolve(ds: Dataset, as_of: str | int) -> Version:
+def resolve(ds: DatasetContext, as_of: str | int) -> Version:
     """The version ``as_of`` names: a sequence number, a snapshot id, or a time
     (ISO 8601; the last version published at or before it)."""
     text = str(as_of).strip()

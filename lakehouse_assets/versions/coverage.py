@@ -39,7 +39,7 @@ from lakehouse_assets.versions.manifest import graph_state_core
 from lakehouse_assets.versions.report import Problem, VerifyReport
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
     from lakehouse_assets.versions.chain import Version
 
 #: Commit metadata a lakehouse commit carries: flush, compact, optimize, vacuum,
@@ -84,7 +84,7 @@ class Commit:
         )
 
 
-def read_commit(ds: Dataset, table_dir: str, version: int) -> Commit | None:
+def read_commit(ds: DatasetContext, table_dir: str, version: int) -> Commit | None:
     """A table's log entry ``version`` (None if it is not there: cleaned up after
     a checkpoint, or removed)."""
     path = cv.dataset_path(ds.name, table_dir, "_delta_log", f"{version:020d}.json")
@@ -121,7 +121,7 @@ def vacuum_ran(location: DeltaLocation) -> bool:
 
 
 def vacuumable(
-    ds: Dataset, table_dir: str, location: DeltaLocation, trusted_until: int | None = None
+    ds: DatasetContext, table_dir: str, location: DeltaLocation, trusted_until: int | None = None
 ) -> Callable[[str], bool]:
     """Whether a vacuum on record may have deleted a file of the table: one that a
     commit removed at least the vacuum's retention before the vacuum ran (a
@@ -162,7 +162,7 @@ def vacuumable(
 
 
 def commits_after(
-    ds: Dataset, table_dir: str, location: DeltaLocation, since: int | None
+    ds: DatasetContext, table_dir: str, location: DeltaLocation, since: int | None
 ) -> tuple[list[Commit], list[int]]:
     """The log entries after version ``since`` up to the table's latest, and the
     versions whose entries are missing."""
@@ -179,7 +179,7 @@ def commits_after(
     return found, missing
 
 
-def check_after_head(ds: Dataset, head: Version, report: VerifyReport) -> None:
+def check_after_head(ds: DatasetContext, head: Version, report: VerifyReport) -> None:
     """Commits after the head's table versions, and the files readers read now."""
     added: dict[str, dict[str, int]] = {}
     unpublished: list[str] = []
@@ -258,7 +258,7 @@ def check_after_head(ds: Dataset, head: Version, report: VerifyReport) -> None:
                 )
 
 
-def _graph_commits_ours(ds: Dataset, recorded: Mapping[str, Any]) -> tuple[bool, bool]:
+def _graph_commits_ours(ds: DatasetContext, recorded: Mapping[str, Any]) -> tuple[bool, bool]:
     """Whether the graph index's tables moved past the versions a manifest recorded,
     and whether every commit since was the index's own."""
     from lakehouse_assets import graph
@@ -280,7 +280,7 @@ def _graph_commits_ours(ds: Dataset, recorded: Mapping[str, Any]) -> tuple[bool,
 
 
 def check_graph(
-    ds: Dataset, head: Version, sha256: Callable[[str], str | None], report: VerifyReport
+    ds: DatasetContext, head: Version, sha256: Callable[[str], str | None], report: VerifyReport
 ) -> None:
     """``graph/state.json`` and the index files it lists, as the head recorded them."""
     state_path = cv.dataset_path(ds.name, cv.GRAPH_STATE)
@@ -344,7 +344,7 @@ def check_graph(
 DIFF_FIELDS: Final = ("path", "size", "sha256", "counts", "skipped")
 
 
-def check_diff_index(ds: Dataset, versions: Sequence[Version], report: VerifyReport) -> None:
+def check_diff_index(ds: DatasetContext, versions: Sequence[Version], report: VerifyReport) -> None:
     """``diffs/entities.ftm.json/index.json``: one entry per version, as its manifest has it."""
     path = diff_index_path(ds.name)
     if not versions:
@@ -379,7 +379,7 @@ def check_diff_index(ds: Dataset, versions: Sequence[Version], report: VerifyRep
 
 
 def _catalog_entry(
-    ds: Dataset, path: str, versions: Mapping[int, Version], report: VerifyReport
+    ds: DatasetContext, path: str, versions: Mapping[int, Version], report: VerifyReport
 ) -> int | None:
     """Check the dataset's entry of one catalog file; the sequence it names."""
     try:
@@ -411,7 +411,7 @@ def _catalog_entry(
     return version.sequence
 
 
-def check_catalog(ds: Dataset, versions: Sequence[Version], report: VerifyReport) -> None:
+def check_catalog(ds: DatasetContext, versions: Sequence[Version], report: VerifyReport) -> None:
     """The lake's ``index.json`` and its snapshots name versions of the chain."""
     if not versions:
         return

@@ -21,10 +21,12 @@ from lakehouse_assets.tables.changes import changed_translog_rows
 from lakehouse_assets.tables.snapshot import DatasetSnapshot
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 
-def _canonical_ids(ds: Dataset, snapshot: DatasetSnapshot | None, rows: pa.Table) -> set[str]:
+def _canonical_ids(
+    ds: DatasetContext, snapshot: DatasetSnapshot | None, rows: pa.Table
+) -> set[str]:
     from lakehouse_assets.query import rows_by_id
 
     if snapshot is None or rows.num_rows == 0:
@@ -34,7 +36,7 @@ def _canonical_ids(ds: Dataset, snapshot: DatasetSnapshot | None, rows: pa.Table
 
 
 def _entities(
-    ds: Dataset, snapshot: DatasetSnapshot | None, ids: list[str]
+    ds: DatasetContext, snapshot: DatasetSnapshot | None, ids: list[str]
 ) -> dict[str, dict[str, Any]]:
     """Entities as ``entities.ftm.json`` writes them (a statement once, first origin)."""
     from lakehouse_assets.query import aggregate, first_origin, live_statements, to_statements
@@ -60,7 +62,7 @@ def _normal(entity: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def entity_changes(
-    ds: Dataset, old: DatasetSnapshot | None, new: DatasetSnapshot
+    ds: DatasetContext, old: DatasetSnapshot | None, new: DatasetSnapshot
 ) -> Iterator[dict[str, Any]]:
     """``{"op": ADD|MOD|DEL, "entity": ...}`` for every entity that differs, in (flush
     bucket, id) order: a batch of entities then spans few buckets, so building it
@@ -102,7 +104,7 @@ class _Digest:
 
 
 def render_diff(
-    ds: Dataset, old: DatasetSnapshot | None, new: DatasetSnapshot, out: IO[bytes] | _Digest
+    ds: DatasetContext, old: DatasetSnapshot | None, new: DatasetSnapshot, out: IO[bytes] | _Digest
 ) -> dict[str, int]:
     """Write the delta file between two snapshots (JSON lines, one per changed
     entity) to ``out``; its counts."""
@@ -113,7 +115,7 @@ def render_diff(
     return counts
 
 
-def diff_from_export(ds: Dataset, out: IO[bytes] | _Digest) -> dict[str, int]:
+def diff_from_export(ds: DatasetContext, out: IO[bytes] | _Digest) -> dict[str, int]:
     """Write the first version's diff to ``out``: every entity of
     ``entities.ftm.json`` added; its counts.
 

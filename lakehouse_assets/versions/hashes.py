@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 from lakehouse_assets import conventions as cv
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 
 #: Multihash prefix of SHA-256 (code 0x12, 32 bytes) in multibase base16 (``f``).
@@ -35,7 +35,7 @@ def manifest_hash(manifest: Mapping[str, Any]) -> str:
     return multihash(hashlib.sha256(canonical_json(manifest)).digest())
 
 
-def sha256_of(ds: Dataset, path: str) -> str:
+def sha256_of(ds: DatasetContext, path: str) -> str:
     """Hex SHA-256 of a lake file, streamed."""
     digest = hashlib.sha256()
     with ds.store.open_read(path) as fh:
@@ -44,7 +44,9 @@ def sha256_of(ds: Dataset, path: str) -> str:
     return digest.hexdigest()
 
 
-def known_sha256(ds: Dataset, rel: str, size: int, known: MutableMapping[str, Any] | None) -> str:
+def known_sha256(
+    ds: DatasetContext, rel: str, size: int, known: MutableMapping[str, Any] | None
+) -> str:
     """SHA-256 of the dataset's file ``rel`` (now ``size`` bytes): from ``known``
     (by path: what the export pass computed while writing the file) when it
     holds the file at that size, otherwise read and hashed once, and recorded

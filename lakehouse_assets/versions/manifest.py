@@ -14,7 +14,6 @@ from collections.abc import Mapping, MutableMapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -29,7 +28,7 @@ from lakehouse_assets.versions.hashes import canonical_json, known_sha256, multi
 from lakehouse_assets.versions.render import logical_hash
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 
 #: The manifest format (Lode: schema name + version).
@@ -37,7 +36,7 @@ MANIFEST_SCHEMA: Final = {"name": "ftm-lakehouse/manifest", "version": 1}
 
 
 def _file_entries(
-    ds: Dataset, table: str, dt: DeltaTable, known: Mapping[str, Mapping[str, Any]]
+    ds: DatasetContext, table: str, dt: DeltaTable, known: Mapping[str, Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
     """The data files of one table version, with Delta's statistics and SHA-256.
 
@@ -85,7 +84,9 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _log_entries(ds: Dataset, table: str, since: int | None, version: int) -> list[dict[str, Any]]:
+def _log_entries(
+    ds: DatasetContext, table: str, since: int | None, version: int
+) -> list[dict[str, Any]]:
     """The Delta log commits ``(since, version]`` of a table, hashed."""
     entries = []
     start = -1 if since is None else since
@@ -100,7 +101,7 @@ def _log_entries(ds: Dataset, table: str, since: int | None, version: int) -> li
 
 
 def _table_entry(
-    ds: Dataset,
+    ds: DatasetContext,
     table: str,
     location: DeltaLocation,
     version: int | None,
@@ -123,7 +124,7 @@ def _table_entry(
 
 
 def _totals(
-    ds: Dataset, snapshot: DatasetSnapshot, live_statements: int | None = None
+    ds: DatasetContext, snapshot: DatasetSnapshot, live_statements: int | None = None
 ) -> dict[str, Any]:
     """Live statements (distinct ids) and their first_seen/last_seen range, from the
     translog, with bounded memory.
@@ -172,6 +173,8 @@ def _count_live_ids(log_data: Any) -> int:
         batch_readahead=2,
         fragment_readahead=1,
     ).to_reader()
+    import duckdb  # 0.2 s: imported by the count that uses it, not by every `versions` reader
+
     with tempfile.TemporaryDirectory(prefix="lakehouse-count-") as spill:
         con = duckdb.connect(
             config={"memory_limit": "256MB", "threads": 2, "temp_directory": spill}
@@ -185,7 +188,7 @@ def _count_live_ids(log_data: Any) -> int:
 
 
 def _export_entries(
-    ds: Dataset, known: MutableMapping[str, Any] | None = None
+    ds: DatasetContext, known: MutableMapping[str, Any] | None = None
 ) -> list[dict[str, Any]]:
     """The exports with size and SHA-256; ``known`` holds what the export pass that
     just wrote a file computed while writing it (by path), so it is not read again."""
@@ -213,7 +216,7 @@ def _export_entries(
 
 
 def build_manifest(
-    ds: Dataset,
+    ds: DatasetContext,
     snapshot: DatasetSnapshot,
     parent: Version | None,
     *,
@@ -292,7 +295,7 @@ def build_manifest(
 
 
 def _graph_entry(
-    ds: Dataset, snapshot: DatasetSnapshot, parent: Version | None = None
+    ds: DatasetContext, snapshot: DatasetSnapshot, parent: Version | None = None
 ) -> dict[str, Any] | None:
     """The graph index as it was when the version was published (when the dataset has
     one): the Delta versions of its tables, the table versions it reflects (and so

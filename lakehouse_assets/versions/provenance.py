@@ -25,16 +25,16 @@ from lakehouse_assets.tables.snapshot import DataFile, DatasetSnapshot
 from lakehouse_assets.versions.chain import Version, history
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 
-def _statement_rows(ds: Dataset, key: str, snapshot: DatasetSnapshot) -> pa.Table:
+def _statement_rows(ds: DatasetContext, key: str, snapshot: DatasetSnapshot) -> pa.Table:
     """Every stored statement (live or deleted) of entity ``key``, or with statement id
     ``key``, with its translog row.
 
     An entity id prunes to one bucket (an entity's statements share it); a
     statement id, a hash no file's range narrows, is found by the files'
-    bloom filters (:func:`tables.point_lookup`).
+    bloom filters (:func:`lakehouse_assets.tables.lookups.point_lookup`).
     """
     from lakehouse_assets.journal import bucket_of
 
@@ -90,7 +90,7 @@ class _LiveProbe:
     version, so tracing an entity's statements costs a probe per version visited.
     """
 
-    def __init__(self, ds: Dataset, keys: pa.Table) -> None:
+    def __init__(self, ds: DatasetContext, keys: pa.Table) -> None:
         self.ds = ds
         self.buckets = pc.unique(keys.column("bucket")).to_pylist()
         self.ids = pc.unique(keys.column("id")).to_pylist()
@@ -176,11 +176,11 @@ def _appeared(
     return history[first if first >= 0 else last], removed
 
 
-def _source(ds: Dataset, origin: str, canonical_id: str) -> dict[str, Any]:
+def _source(ds: DatasetContext, origin: str, canonical_id: str) -> dict[str, Any]:
     """Where statements of ``origin`` came from: the archived file, the mapping, the crawl."""
     from lakehouse_assets.crawl import CRAWL_JOB
     from lakehouse_assets.jobs import list_runs
-    from lakehouse_assets.mappings import mapping_origin
+    from lakehouse_assets.mappings import list_mappings, mapping_origin
 
     source: dict[str, Any] = {"origin": origin}
     if cv.CHECKSUM.match(canonical_id):
@@ -193,7 +193,7 @@ def _source(ds: Dataset, origin: str, canonical_id: str) -> dict[str, Any]:
                 {"checksum": f.checksum, "name": f.name, "source": f.key, "size": f.size}
                 for f in files
             ]
-    for mapping in ds.mappings():
+    for mapping in list_mappings(ds):
         checksum = str(mapping.get("content_hash") or mapping.get("checksum") or "")
         if checksum and mapping_origin(checksum) == origin:
             source["mapping"] = {
@@ -218,7 +218,7 @@ def _source(ds: Dataset, origin: str, canonical_id: str) -> dict[str, Any]:
     return source
 
 
-def trace(ds: Dataset, key: str) -> list[dict[str, Any]]:
+def trace(ds: DatasetContext, key: str) -> list[dict[str, Any]]:
     """Where each statement of an entity (or one statement, by its id) came from.
 
     For each: its values, origin and what the origin names (archived file,

@@ -36,13 +36,14 @@ from lakehouse_assets.versions.asof import (
     VersionExpiredError,
     snapshot_at,
 )
+from lakehouse_assets.versions.catalog_index import write_catalog
 from lakehouse_assets.versions.chain import Version, head
 from lakehouse_assets.versions.diffs import _Digest, diff_from_export, render_diff
 from lakehouse_assets.versions.hashes import canonical_json, manifest_hash, sha256_of
 from lakehouse_assets.versions.manifest import build_manifest, table_files, unchanged
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class PublishResult:
 
 
 def publish(
-    ds: Dataset,
+    ds: DatasetContext,
     snapshot: DatasetSnapshot,
     *,
     index_text: str,
@@ -170,7 +171,7 @@ def publish(
         _finish(ds, version)
         result.version = version
         result.diff = manifest["diff"]
-        ds.lake.write_catalog(snapshot=True)
+        write_catalog(ds.store, ds.sibling, snapshot=True)
         return result
     raise ConcurrentWriteError(
         f"Dataset {ds.name!r}: lost the race to publish a version {PUBLISH_ATTEMPTS} times; "
@@ -179,7 +180,7 @@ def publish(
 
 
 def publish_relayout(
-    ds: Dataset, snapshot: DatasetSnapshot, parent: Version, operation: str
+    ds: DatasetContext, snapshot: DatasetSnapshot, parent: Version, operation: str
 ) -> PublishResult:
     """Publish ``snapshot``, a rewrite of ``parent``'s tables that kept every live
     statement (compact, optimize), so that the files readers now read are
@@ -213,7 +214,7 @@ def publish_relayout(
     )
 
 
-def published_intact(ds: Dataset, kind: str) -> bool:
+def published_intact(ds: DatasetContext, kind: str) -> bool:
     """Whether the export ``kind`` (or the live ``index.json``) is byte for byte
     what the head's manifest recorded: the condition, beside the tags, for an
     export to count as fresh. Tags are lake files like any other, so they
@@ -254,7 +255,7 @@ def covers(version: Version, snapshot: DatasetSnapshot) -> bool:
     } and files.get("translog", set()) == {f.path for f in snapshot.translog.files}
 
 
-def _finish(ds: Dataset, version: Version) -> None:
+def _finish(ds: DatasetContext, version: Version) -> None:
     """What follows a chain entry, idempotent: the Delta tag, the diffs' index, latest."""
     _tag_delta(ds, version)
     faults.point("publish.after_tag")
@@ -293,7 +294,7 @@ def _finish(ds: Dataset, version: Version) -> None:
         ds.store.write_text(latest, json.dumps(entry))
 
 
-def _tag_delta(ds: Dataset, version: Version) -> None:
+def _tag_delta(ds: DatasetContext, version: Version) -> None:
     """The translog commit that carries ``version``'s manifest hash (idempotent)."""
     location = ds.translog_table
     table = location.table()
@@ -321,7 +322,7 @@ def _published(location: DeltaLocation) -> int | None:
     return None if table is None else table.transaction_version(PUBLISHED_APP_ID)
 
 
-def delta_tags(ds: Dataset) -> dict[int, str]:
+def delta_tags(ds: DatasetContext) -> dict[int, str]:
     """sequence → manifest hash, as the translog's commit metadata records them."""
     table = ds.translog_table.table()
     if table is None:

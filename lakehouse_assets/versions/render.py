@@ -13,11 +13,11 @@ from typing import IO, TYPE_CHECKING, BinaryIO, cast
 from lakehouse_assets.versions.hashes import multihash
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
     from lakehouse_assets.tables.snapshot import DatasetSnapshot
 
 
-def logical_hash(ds: Dataset, snapshot: DatasetSnapshot) -> tuple[str, int]:
+def logical_hash(ds: DatasetContext, snapshot: DatasetSnapshot) -> tuple[str, int]:
     """Recompute a snapshot's logical hash from the tables (and its live statement count).
 
     The SHA-256 of the snapshot's ``statements.csv``: the live statements in
@@ -35,7 +35,7 @@ def logical_hash(ds: Dataset, snapshot: DatasetSnapshot) -> tuple[str, int]:
     return multihash(digest.digest()), count
 
 
-def render_export(ds: Dataset, snapshot: DatasetSnapshot, kind: str, out: IO[bytes]) -> int:
+def render_export(ds: DatasetContext, snapshot: DatasetSnapshot, kind: str, out: IO[bytes]) -> int:
     """Write one export of a snapshot; returns the count of statements or entities
     written. Entities and statistics with followthemoney's and ftmq's own code
     (the reference the Spark exports are tested against); statements.csv in

@@ -29,13 +29,13 @@ from lakehouse_assets.versions.render import logical_hash
 from lakehouse_assets.versions.report import Problem, VerifyReport
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 
 class _Hasher:
     """Hashes each lake file once per verify (versions share their data files)."""
 
-    def __init__(self, ds: Dataset, report: VerifyReport) -> None:
+    def __init__(self, ds: DatasetContext, report: VerifyReport) -> None:
         self.ds = ds
         self.report = report
         self.cache: dict[str, str | None] = {}
@@ -51,7 +51,7 @@ class _Hasher:
         return self.cache[path]
 
 
-def _chain_entries(ds: Dataset, report: VerifyReport) -> list[tuple[int, dict[str, Any]]]:
+def _chain_entries(ds: DatasetContext, report: VerifyReport) -> list[tuple[int, dict[str, Any]]]:
     prefix = cv.dataset_path(ds.name, cv.VERSIONS, CHAIN) + "/"
     entries = []
     for path in sorted(ds.store.list(prefix)):
@@ -74,7 +74,9 @@ def _chain_entries(ds: Dataset, report: VerifyReport) -> list[tuple[int, dict[st
     return entries
 
 
-def verify(ds: Dataset, *, deep: bool = False, trusted_head: str | None = None) -> VerifyReport:
+def verify(
+    ds: DatasetContext, *, deep: bool = False, trusted_head: str | None = None
+) -> VerifyReport:
     """Replay the chain and re-hash what it references (see the module docstring).
 
     - the chain: sequence numbers 1..N without gaps, each manifest's hash as its
@@ -215,7 +217,7 @@ def verify(ds: Dataset, *, deep: bool = False, trusted_head: str | None = None) 
 
 
 def _check_links(
-    ds: Dataset, version: Version, previous: Version | None, report: VerifyReport
+    ds: DatasetContext, version: Version, previous: Version | None, report: VerifyReport
 ) -> None:
     m, seq, path = version.manifest, version.sequence, version.path
     if m.get("schema") != MANIFEST_SCHEMA:
@@ -252,7 +254,7 @@ def _check_links(
 
 
 def _check_pointer(
-    ds: Dataset,
+    ds: DatasetContext,
     entries: list[tuple[int, dict[str, Any]]],
     trusted_head: str | None,
     report: VerifyReport,
@@ -288,7 +290,7 @@ def _check_pointer(
 
 
 def _check_files(
-    ds: Dataset,
+    ds: DatasetContext,
     version: Version,
     current: Mapping[str, set[str]],
     vacuumed: Mapping[str, Callable[[str], bool]],
@@ -336,7 +338,7 @@ def _check_files(
             report.problems.append(Problem(seq, path, "diff differs"))
 
 
-def _check_head_tables(ds: Dataset, version: Version, report: VerifyReport) -> None:
+def _check_head_tables(ds: DatasetContext, version: Version, report: VerifyReport) -> None:
     """The Delta log at the head's versions lists exactly the files the manifest names."""
     for name, location in (("statements", ds.statements_table), ("translog", ds.translog_table)):
         entry = version.manifest.get("tables", {}).get(name)
@@ -369,7 +371,9 @@ def _check_head_tables(ds: Dataset, version: Version, report: VerifyReport) -> N
             )
 
 
-def _check_exports(ds: Dataset, version: Version, hasher: _Hasher, report: VerifyReport) -> None:
+def _check_exports(
+    ds: DatasetContext, version: Version, hasher: _Hasher, report: VerifyReport
+) -> None:
     """The head's exports and live ``index.json``, byte for byte as it recorded them.
 
     No tag excuses a difference: tags are files of the lake like any other, so

@@ -22,7 +22,7 @@ from lakehouse_assets.graph.exports.graph_sql import GraphSQL, write_batched_cyp
 from lakehouse_assets.storage import LocalStore
 
 if TYPE_CHECKING:
-    from lakehouse_assets.lake import Dataset
+    from lakehouse_assets.context import DatasetContext
 
 
 CYPHER: Final = cv.GRAPH_CYPHER
@@ -30,7 +30,7 @@ GRAPHML: Final = cv.GRAPH_GRAPHML
 NEO4J: Final = cv.GRAPH_NEO4J
 
 
-def _entities(ds: Dataset) -> Iterator[EntityProxy]:
+def _entities(ds: DatasetContext) -> Iterator[EntityProxy]:
     from lakehouse_assets.query import stream_entities
 
     for data in stream_entities(ds):
@@ -38,7 +38,7 @@ def _entities(ds: Dataset) -> Iterator[EntityProxy]:
 
 
 @contextmanager
-def _local_entities(ds: Dataset) -> Iterator[Path]:
+def _local_entities(ds: DatasetContext) -> Iterator[Path]:
     """The entities export as a local file (downloaded from object storage)."""
     from lakehouse_assets.query import entities_export
 
@@ -53,7 +53,9 @@ def _local_entities(ds: Dataset) -> Iterator[Path]:
         yield local
 
 
-def write_cypher(ds: Dataset, out: TextIO, *, ftm_compatible: bool = False) -> dict[str, int]:
+def write_cypher(
+    ds: DatasetContext, out: TextIO, *, ftm_compatible: bool = False
+) -> dict[str, int]:
     """The Cypher script of the dataset's entities export (see the module
     docstring): batched, or exactly what ``ftm export-cypher`` writes."""
     if not ftm_compatible:
@@ -68,7 +70,7 @@ def write_cypher(ds: Dataset, out: TextIO, *, ftm_compatible: bool = False) -> d
     return {"entities": count}
 
 
-def export_graph(ds: Dataset, *, force: bool = False) -> dict[str, Any]:
+def export_graph(ds: DatasetContext, *, force: bool = False) -> dict[str, Any]:
     """Write ``graph.cypher``, ``graph.graphml`` and the Neo4j bulk CSVs from the
     entities export, unless they are fresh. Each file is written beside the lake
     and then moved (or uploaded) whole, so a crash leaves the previous one;
