@@ -11,7 +11,7 @@ UI_PORT ?= 3000
 # the persistent Dagster instance (runs, sensors' cursors, partitions)
 export DAGSTER_HOME := $(CURDIR)/dagster_home
 
-.PHONY: install demo ui test test-thorough lint typecheck bench clean java
+.PHONY: install demo ui test test-cluster test-thorough lint typecheck bench clean java
 
 $(STAMP): pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11+"; exit 1; }
@@ -36,11 +36,20 @@ ui: install java
 	@LAKE=$(DEMO_LAKE) VENV=$(VENV) UI_PORT=$(UI_PORT) sh lakehouse_assets/sample/ui.sh
 
 # the suite with Spark Connect (a server per test worker), then the data-plane
-# group again with an in-process Spark (one process cannot mix the two)
+# group again with an in-process Spark (one process cannot mix the two), then
+# on a local standalone cluster (a master and 2 workers per test worker, the
+# executors without this package, PostgreSQL journals): the cluster tests and the
+# flush group (the whole data-plane group there takes ~17 min on 2 busy cores)
 test: install java
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH dg check defs
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 	LAKEHOUSE_TEST_SPARK=inprocess $(PY) -m pytest -n 2 --dist loadfile -m spark_modes $(PYTEST_ARGS)
+	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist loadfile -m "spark_modes or cluster" \
+		lakehouse_assets_tests/test_cluster.py lakehouse_assets_tests/test_flush.py $(PYTEST_ARGS)
+
+# the whole data-plane group on the local standalone cluster (long)
+test-cluster: install java
+	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist loadfile -m "spark_modes or cluster" $(PYTEST_ARGS)
 
 # the property suite with every property at >= 100 examples locally, 20 on S3 (long)
 test-thorough: install java

@@ -9,6 +9,7 @@ validated here *before* a path is built, so nothing can escape the lake
     ├── index.json                       catalog index
     ├── config.yml                       catalog configuration
     ├── versions/YYYY/MM/{timestamp}/    versioned catalog snapshots
+    ├── .changes/{dataset}               rewritten after each move of a dataset's core tag
     └── {dataset}/
         ├── config.yml                   dataset configuration
         ├── index.json                   dataset index with statistics
@@ -217,6 +218,17 @@ def path_timestamp(ts: datetime | None = None) -> str:
 CATALOG_INDEX: Final = "index.json"
 CATALOG_CONFIG: Final = "config.yml"
 VERSIONS: Final = "versions"
+
+
+#: The lake's change markers: one small file per dataset, rewritten after any of
+#: its core tags moved, so one listing of this folder tells a sensor which
+#: datasets changed (a dot: never a dataset name, skipped by the catalog).
+CHANGES: Final = ".changes"
+
+
+def change_marker(dataset: str) -> str:
+    """``.changes/{dataset}``: its write time and fingerprint move with the dataset's tags."""
+    return f"{CHANGES}/{dataset_name(dataset)}"
 
 
 def catalog_version(filename: str, ts: datetime | None = None) -> str:

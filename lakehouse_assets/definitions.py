@@ -29,6 +29,7 @@ import dagster as dg
 from lakehouse_assets.defs.assets import ASSETS
 from lakehouse_assets.defs.checks import CHECKS
 from lakehouse_assets.defs.freshness import CHECKS as FRESHNESS_CHECKS
+from lakehouse_assets.defs.freshness import JOBS as FRESHNESS_JOBS
 from lakehouse_assets.defs.freshness import SENSORS as FRESHNESS_SENSORS
 from lakehouse_assets.defs.ingest import JOBS as INGEST_JOBS
 from lakehouse_assets.defs.ingest import SENSORS as INGEST_SENSORS
@@ -87,7 +88,14 @@ automation = dg.AutomationConditionSensorDefinition(
 defs = dg.Definitions(
     assets=[*ASSETS, *MAINTENANCE],
     asset_checks=[*CHECKS, *FRESHNESS_CHECKS],
-    jobs=[refresh_dataset, archive_documents, *INGEST_JOBS, *JOBS, *QUEUE_JOBS],
+    jobs=[
+        refresh_dataset,
+        archive_documents,
+        *INGEST_JOBS,
+        *JOBS,
+        *QUEUE_JOBS,
+        *FRESHNESS_JOBS,
+    ],
     sensors=[*SENSORS, *INGEST_SENSORS, *FRESHNESS_SENSORS, *QUEUE_SENSORS, automation],
     schedules=[*SCHEDULES, daily_refresh],
     resources={"lakehouse": LakehouseResource(s3=s3_from_env()), "spark": SparkResource()},

@@ -66,7 +66,6 @@ from lakehouse_assets.spark.session import (
     get_spark,
     parallelism,
     ranged,
-    remote_url,
     scratch_cleanup,
 )
 from lakehouse_assets.tables import feed
@@ -258,7 +257,7 @@ def _reduced_frame(
     """
     url = ds.journal.url
     options = dict(ds.statements_table.storage_options)
-    if reachable(url, remote_url(ds.settings)):
+    if reachable(url, spark, ds.settings):
         return journal_frame(
             spark,
             url,

@@ -181,6 +181,38 @@ class Settings(BaseSettings):
         default="local[*]",
         description="Spark master URL: local[*] (embedded) or spark://host:7077, ...",
     )
+    spark_executor_python: str | None = Field(
+        default=None,
+        description="The Python that a cluster's executors run (spark.pyspark.python): it "
+        "needs the lakehouse's dependencies, not the lakehouse itself (shipped by the "
+        "session). Unset: this process's interpreter.",
+    )
+    spark_cluster_port: int = Field(
+        default=7077,
+        ge=1,
+        le=65535,
+        description="Port of the master of `lakehouse spark cluster start` (127.0.0.1).",
+    )
+    spark_cluster_workers: int = Field(
+        default=2, ge=1, le=64, description="Workers of `lakehouse spark cluster start`."
+    )
+    spark_cluster_worker_cores: int = Field(
+        default=2, ge=1, le=1024, description="Cores each local cluster worker offers."
+    )
+    spark_cluster_worker_memory: str = Field(
+        default="1g", description="Memory each local cluster worker offers its executors."
+    )
+    spark_executor_memory: str = Field(
+        default="512m",
+        description="spark.executor.memory of a session on a cluster master (spark://...).",
+    )
+    spark_cores_max: int = Field(
+        default=2,
+        ge=1,
+        le=100_000,
+        description="spark.cores.max of a session on a cluster master: what one application "
+        "takes of the cluster, so several lakehouse processes share it instead of queueing.",
+    )
     spark_driver_memory: str = Field(
         # 1g keeps a 10M-statement step's whole process tree under 3 GB (2g:
         # flush 3.45 GB, exports 3.44 GB); it cost exports about 5% in spills

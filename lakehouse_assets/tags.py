@@ -4,6 +4,12 @@ A tag lives at ``{dataset}/tags/{tenant}/{key}`` and holds one ISO-8601 UTC
 timestamp. Tags are a runtime cache for freshness decisions ("is the export
 newer than the data it was made from?"); Dagster keeps the authoritative
 history of materializations, the tags let tenants and the CLI decide too.
+
+Every move of a core (``lakehouse`` tenant) tag then rewrites the dataset's
+change marker ``.changes/{dataset}`` at the lake's top: the sensors list that
+one folder per tick and look only at the datasets whose marker moved, instead
+of reading every dataset's tags. The marker is written after the tag, so a
+sensor that sees the marker move reads the moved tag.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class Tags:
         """Store ``ts`` (default: now, UTC) under ``key`` and return it."""
         ts = ts or cv.utcnow()
         self.store.write_text(cv.tag_path(self.dataset, self.tenant, key), ts.isoformat())
+        self.mark_changed(f"{key} {ts.isoformat()}")
         return ts
 
     def touch(self, key: str) -> datetime:
@@ -50,6 +57,16 @@ class Tags:
 
     def delete(self, key: str) -> None:
         self.store.delete(cv.tag_path(self.dataset, self.tenant, key))
+        self.mark_changed(f"{key} deleted {cv.utcnow().isoformat()}")
+
+    def mark_changed(self, what: str) -> None:
+        """Rewrite the dataset's change marker (core tags only: what the sensors watch).
+
+        Called by every tag move, and by writers of state the sensors judge that
+        moves no tag (the graph index's ``state.json``).
+        """
+        if self.tenant == cv.LAKEHOUSE_TENANT:
+            self.store.write_text(cv.change_marker(self.dataset), what)
 
     def items(self) -> Iterator[tuple[str, datetime]]:
         """All (key, timestamp) pairs of this tenant, sorted by key."""

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import sqlalchemy as sa
 from hypothesis import HealthCheck, settings
 
 from lakehouse_assets import Lakehouse, Settings
@@ -156,8 +157,12 @@ def make_bucket(settings: Settings) -> str:
 
 @pytest.fixture(params=["local", "s3"])
 def lake(request: pytest.FixtureRequest, tmp_path: Path) -> Lakehouse:
-    """A fresh lake on a local folder and on the loopback S3 server."""
-    journal = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    """A fresh lake on a local folder and on the loopback S3 server (with a SQLite
+    journal; in the cluster mode a fresh PostgreSQL database, as on a real cluster)."""
+    if SPARK_MODE == "cluster":
+        journal = str(request.getfixturevalue("postgres_database"))
+    else:
+        journal = f"sqlite:///{tmp_path / 'journal.sqlite'}"
     if request.param == "local":
         return Lakehouse(tmp_path / "lake", journal_url=journal)
     settings: Settings = request.getfixturevalue("s3_settings")
@@ -214,7 +219,11 @@ def cli_args(ds: Dataset) -> list[str]:
 
 
 @pytest.fixture
-def local_lake(tmp_path: Path) -> Lakehouse:
+def local_lake(request: pytest.FixtureRequest, tmp_path: Path) -> Lakehouse:
+    if SPARK_MODE == "cluster":  # as ``lake``: a cluster's journal is PostgreSQL
+        return Lakehouse(
+            tmp_path / "lake", journal_url=request.getfixturevalue("postgres_database")
+        )
     return Lakehouse(tmp_path / "lake", journal_url=f"sqlite:///{tmp_path / 'journal.sqlite'}")
 
 
@@ -243,6 +252,43 @@ def postgres_url() -> str:
     return POSTGRES_URL
 
 
+@pytest.fixture
+def dagster_postgres(postgres_url: str) -> Iterator[str]:
+    """A database of its own on the local server for Dagster's storage, dropped afterwards."""
+    name = f"dagster_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(psycopg2_url(postgres_url), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield postgres_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def psycopg2_url(url: str) -> str:
+    return url.replace("postgresql://", "postgresql+psycopg2://", 1)
+
+
+@pytest.fixture
+def postgres_database(postgres_url: str) -> Iterator[str]:
+    """A journal URL of a new, empty PostgreSQL database, dropped after the test."""
+    import sqlalchemy as sa
+
+    name = f"lh_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(
+        POSTGRES_URL.replace("postgresql://", "postgresql+psycopg2://"),
+        isolation_level="AUTOCOMMIT",
+    )
+    with admin.connect() as conn:
+        conn.execute(sa.text(f"CREATE DATABASE {name}"))
+    yield POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    admin.dispose()
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def journal_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A journal URL on a real SQLite file and on the real PostgreSQL server."""
@@ -268,9 +314,13 @@ def sample_entities() -> list[dict[str, object]]:
 #: per test worker, started by a fixture as a separate process with its own
 #: working folder, used by the tests and by every child process they start
 #: (LAKEHOUSE_SPARK_REMOTE); "inprocess" — a local[*] JVM in the test process.
+#: "cluster" — an in-process driver on a standalone cluster (a master and two
+#: workers on 127.0.0.1, per test worker) whose executors run a Python with the
+#: lakehouse's dependencies but not the lakehouse (the session ships it), lakes
+#: on PostgreSQL journals.
 #: pyspark cannot mix the two in one process: ``make test`` runs the suite in
 #: Connect mode, then the data-plane group (tests marked ``spark_modes``) again
-#: in process.
+#: in process, then on the cluster.
 SPARK_MODE = os.environ.get("LAKEHOUSE_TEST_SPARK", "connect")
 TEST_SPARK = {"spark_shuffle_partitions": 2, "spark_driver_memory": "2g"}
 
@@ -293,6 +343,28 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """A real standalone cluster (master + 2 workers on 127.0.0.1), stopped by its
+    PIDs; the settings of a session on it (master, executors' Python, secret)."""
+    from lakehouse_assets.spark import cluster
+    from lakehouse_assets_tests.helpers.cluster import executor_python
+
+    python = executor_python(tmp_path_factory.mktemp("executor-python"))
+    settings = Settings(
+        cache_dir=str(tmp_path_factory.mktemp("cluster")),
+        spark_cluster_port=free_port(),
+        spark_executor_python=str(python),
+        **TEST_SPARK,
+    )
+    info = cluster.start(settings)
+    assert info.running
+    yield settings.model_copy(
+        update={"spark_master": info.master_url, "spark_config": cluster.client_conf(settings)}
+    )
+    cluster.stop(settings)
+
+
+@pytest.fixture(scope="session")
 def spark(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
     """The Spark session the tests' lakes use (see :data:`SPARK_MODE`)."""
     from lakehouse_assets.spark.session import get_spark, stop_spark
@@ -302,9 +374,29 @@ def spark(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
         url = request.getfixturevalue("connect_server")
         os.environ["LAKEHOUSE_SPARK_REMOTE"] = url  # this process's lakes and its children
         settings = settings.model_copy(update={"spark_remote": url})
+    elif SPARK_MODE == "cluster":
+        import json
+
+        on: Settings = request.getfixturevalue("spark_cluster")
+        settings = settings.model_copy(
+            update={
+                k: getattr(on, k) for k in ("spark_master", "spark_executor_python", "spark_config")
+            }
+        )
+        # this process's lakes (Settings() of the environment) and its children
+        os.environ.pop("LAKEHOUSE_SPARK_REMOTE", None)
+        os.environ["LAKEHOUSE_SPARK_MASTER"] = on.spark_master
+        os.environ["LAKEHOUSE_SPARK_EXECUTOR_PYTHON"] = str(on.spark_executor_python)
+        os.environ["LAKEHOUSE_SPARK_CONFIG"] = json.dumps(on.spark_config)
     else:
         os.environ.pop("LAKEHOUSE_SPARK_REMOTE", None)
     session = get_spark(settings)
     yield session
-    os.environ.pop("LAKEHOUSE_SPARK_REMOTE", None)
+    for key in (
+        "LAKEHOUSE_SPARK_REMOTE",
+        "LAKEHOUSE_SPARK_MASTER",
+        "LAKEHOUSE_SPARK_EXECUTOR_PYTHON",
+        "LAKEHOUSE_SPARK_CONFIG",
+    ):
+        os.environ.pop(key, None)
     stop_spark()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -22,7 +23,8 @@ from lakehouse_assets.defs.partitions import DATASETS
 from lakehouse_assets.defs.resources import S3_ENV, LakehouseResource, SparkResource, s3_from_env
 from lakehouse_assets.lake import Lakehouse
 from lakehouse_assets.settings import Settings
-from lakehouse_assets_tests.helpers.defs import KEYS
+from lakehouse_assets_tests.conftest import psycopg2_url
+from lakehouse_assets_tests.helpers.defs import KEYS, daemon_tick, quiet
 
 #: What the refresh computes: every asset but the reported ones and maintenance.
 COMPUTED = KEYS - {"archive", "mappings", "journal", "optimize", "compact"}
@@ -219,43 +221,84 @@ def test_one_failing_dataset_fails_the_run_naming_it(
     assert local_lake.journal.count("good") == 0
 
 
-def test_freshness_sensor_reports_each_dataset_when_it_changes(
-    spark: Any, local_lake: Lakehouse, instance: dg.DagsterInstance
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def storage_instance(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[dg.DagsterInstance]:
+    """A Dagster instance on SQLite storage, and one on the local PostgreSQL server."""
+    if request.param == "sqlite":
+        with dg.instance_for_test() as instance:
+            yield instance
+        return
+    url = psycopg2_url(str(request.getfixturevalue("dagster_postgres")))
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(
+        f"telemetry:\n  enabled: false\nstorage:\n  postgres:\n    postgres_url: {url}\n"
+    )
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        yield instance
+
+
+def _recorded(
+    instance: dg.DagsterInstance, key: str, partition: str
+) -> list[tuple[str, bool, str]]:
+    """(run id, passed, description) of each recorded `fresh` check of ``key`` on the
+    partition, newest first."""
+    check_key = dg.AssetCheckKey(dg.AssetKey(key), CHECK)
+    out = []
+    for record in instance.event_log_storage.get_asset_check_execution_history(
+        check_key, limit=100
+    ):
+        event = record.event.dagster_event if record.event else None
+        if event is None or event.event_type != dg.DagsterEventType.ASSET_CHECK_EVALUATION:
+            continue  # planned, not evaluated (yet)
+        evaluation = event.asset_check_evaluation_data
+        if evaluation.partition == partition:
+            out.append((record.run_id, evaluation.passed, str(evaluation.description)))
+    return out
+
+
+def test_fresh_check_turns_failed_and_passed_again(
+    spark: Any, local_lake: Lakehouse, storage_instance: dg.DagsterInstance
 ) -> None:
+    """fresh → stale → fresh → stale, each change recorded by the sensor's run.
+
+    Before, the sensor reported run-less evaluations, and Dagster's unique index
+    on (asset, check, run id "", partition) refused the second one of a dataset.
+    """
+    instance = storage_instance
     ds = local_lake.create_dataset("watched")
     ds.add_entity({"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}})
     report_sources(instance, lakehouse(local_lake), ds.name)
     assert run_job("refresh_dataset", local_lake, instance, [ds.name]).success
 
-    def tick(cursor: str | None) -> dg.SensorResult | dg.SkipReason:
-        with dg.build_sensor_context(
-            instance=instance,
-            cursor=cursor,
-            resources={"lakehouse": lakehouse(local_lake)},
-            definitions=defs,
-        ) as ctx:
-            return freshness_checks(ctx)
+    keys = ("statements_csv", "entities_ftm_json", "statistics", "index")
 
-    first = tick(None)
-    assert isinstance(first, dg.SensorResult)
-    events = first.asset_events or []
-    assert {e.partition for e in events} == {ds.name}  # type: ignore[union-attr]
-    assert all(e.passed for e in events)  # type: ignore[union-attr]
-    assert isinstance(tick(first.cursor), dg.SkipReason)  # nothing changed: nothing reported
-    # a tenant writes: the exports of that dataset are stale, and say why
+    def tick(cursor: str | None, expect: bool, why: str) -> str | None:
+        before = {key: len(_recorded(instance, key, ds.name)) for key in keys}
+        result, runs = daemon_tick(freshness_checks, instance, local_lake, cursor)
+        assert isinstance(result, dg.SensorResult)
+        # one more evaluation of each, recorded by this tick (in the run it asked for)
+        by = runs[0] if runs else ""
+        for key in keys:
+            records = _recorded(instance, key, ds.name)
+            assert len(records) == before[key] + 1
+            run_id, passed, description = records[0]
+            assert (run_id, passed) == (by, expect), (key, description)
+            assert why in description
+        # nothing changed since: no run
+        again, runs = daemon_tick(freshness_checks, instance, local_lake, result.cursor)
+        assert quiet(again) and not runs
+        return result.cursor
+
+    cursor = tick(None, True, "")
     ds.add_entity({"id": "p2", "schema": "Person", "properties": {"name": ["Bo"]}})
-    second = tick(first.cursor)
-    assert isinstance(second, dg.SensorResult)
-    stale = {e.asset_key.to_user_string(): e for e in second.asset_events or []}  # type: ignore[union-attr]
-    assert not stale["statements_csv"].passed  # type: ignore[union-attr]
-    assert "2 journal rows wait" in str(stale["statements_csv"].description)  # type: ignore[union-attr]
-    # the sensor's events are recorded as the check's per-partition results
-    for event in second.asset_events or []:
-        instance.report_runless_asset_event(event)
-    key = dg.AssetCheckKey(dg.AssetKey("statements_csv"), CHECK)
-    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key([key])[key]
-    evaluation = latest.event.dagster_event.asset_check_evaluation_data  # type: ignore[union-attr]
-    assert (evaluation.partition, evaluation.passed) == (ds.name, False)
+    cursor = tick(cursor, False, "2 journal rows wait")
+    assert run_job("refresh_dataset", local_lake, instance, [ds.name]).success
+    cursor = tick(cursor, True, "")
+    ds.add_entity({"id": "p3", "schema": "Person", "properties": {"name": ["Cy"]}})
+    tick(cursor, False, "2 journal rows wait")
 
 
 def test_schedules_ask_for_one_run_over_every_dataset() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,10 +12,11 @@ import pytest
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.definitions import defs
+from lakehouse_assets.defs import sensors
 from lakehouse_assets.defs.partitions import DATASETS
 from lakehouse_assets.defs.sensors import archive_files, journal_writes, new_datasets
 from lakehouse_assets.lake import Lakehouse
-from lakehouse_assets_tests.helpers.defs import resources
+from lakehouse_assets_tests.helpers.defs import daemon_tick, quiet, resources
 
 
 @pytest.fixture
@@ -61,13 +63,47 @@ def test_new_dataset_becomes_a_partition(
     assert isinstance(new_datasets(context(instance, local_lake)), dg.SkipReason)
 
 
+def test_partitions_follow_the_datasets_both_ways(
+    local_lake: Lakehouse, instance: dg.DagsterInstance
+) -> None:
+    """A deleted dataset's partition goes, in the same kind of tick that adds new ones."""
+    for name in ("first", "second", "third"):
+        local_lake.create_dataset(name)
+    result, _ = daemon_tick(new_datasets, instance, local_lake)
+    assert isinstance(result, dg.SensorResult)
+    assert instance.get_dynamic_partitions(DATASETS) == ["first", "second", "third"]
+    assert isinstance(daemon_tick(new_datasets, instance, local_lake)[0], dg.SkipReason)
+
+    # one dataset leaves the lake, another arrives: one tick adds and deletes
+    shutil.rmtree(local_lake.store.local_path(cv.dataset_path("second")))
+    local_lake.create_dataset("fourth")
+    result, _ = daemon_tick(new_datasets, instance, local_lake)
+    assert isinstance(result, dg.SensorResult)
+    kinds = {
+        type(r).__name__: list(r.partition_keys or [])
+        for r in result.dynamic_partitions_requests or []
+    }
+    assert kinds == {
+        "AddDynamicPartitionsRequest": ["fourth"],
+        "DeleteDynamicPartitionsRequest": ["second"],
+    }
+    assert instance.get_dynamic_partitions(DATASETS) == ["first", "third", "fourth"]
+    assert isinstance(daemon_tick(new_datasets, instance, local_lake)[0], dg.SkipReason)
+
+    # a lake without its catalog index (a wrong URI, a half-copied lake) deletes nothing
+    local_lake.store.delete(cv.CATALOG_INDEX)
+    shutil.rmtree(local_lake.store.local_path(cv.dataset_path("third")))
+    assert isinstance(daemon_tick(new_datasets, instance, local_lake)[0], dg.SkipReason)
+    assert instance.get_dynamic_partitions(DATASETS) == ["first", "third", "fourth"]
+
+
 def test_archive_file_requests_a_run_for_its_partition(
     local_lake: Lakehouse, instance: dg.DagsterInstance, tmp_path: Path
 ) -> None:
     ds = local_lake.create_dataset("docs")
     other = local_lake.create_dataset("other")
     instance.add_dynamic_partitions(DATASETS, ["docs", "other"])
-    assert isinstance(archive_files(context(instance, local_lake)), dg.SkipReason)
+    assert quiet(archive_files(context(instance, local_lake)))
 
     source = tmp_path / "memo.txt"
     source.write_text("a memo")
@@ -85,7 +121,7 @@ def test_archive_file_requests_a_run_for_its_partition(
 
     # the cursor (as stored by the daemon) makes the next tick skip: nothing new
     cursor = result.cursor
-    assert isinstance(archive_files(context(instance, local_lake, cursor)), dg.SkipReason)
+    assert quiet(archive_files(context(instance, local_lake, cursor)))
 
     # a second file: only it is new, and only its dataset is asked for
     second = tmp_path / "memo2.txt"
@@ -117,7 +153,7 @@ def test_archive_file_requests_a_run_for_its_partition(
     assert event.tags["dagster/data_version"] != version
     (req,) = found.run_requests or []
     assert req.run_config["ops"]["write_documents"]["config"]["checksums"] == [blob.checksum]
-    assert isinstance(archive_files(context(instance, local_lake, found.cursor)), dg.SkipReason)
+    assert quiet(archive_files(context(instance, local_lake, found.cursor)))
 
     # the requested run writes the Document entity into the journal
     job = defs.resolve_job_def("archive_documents")
@@ -138,7 +174,7 @@ def test_journal_write_reports_the_journal(
 ) -> None:
     ds = local_lake.create_dataset("writes")
     instance.add_dynamic_partitions(DATASETS, ["writes"])
-    assert isinstance(journal_writes(context(instance, local_lake)), dg.SkipReason)
+    assert quiet(journal_writes(context(instance, local_lake)))
     ds.add_entity({"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}})
     result = journal_writes(context(instance, local_lake))
     assert isinstance(result, dg.SensorResult)
@@ -146,7 +182,7 @@ def test_journal_write_reports_the_journal(
     assert isinstance(event, dg.AssetMaterialization)
     assert event.asset_key == dg.AssetKey("journal") and event.partition == "writes"
     assert event.metadata["pending_statements"].value == 2
-    assert isinstance(journal_writes(context(instance, local_lake, result.cursor)), dg.SkipReason)
+    assert quiet(journal_writes(context(instance, local_lake, result.cursor)))
 
 
 def test_sensor_skips_datasets_not_yet_partitions(
@@ -155,7 +191,7 @@ def test_sensor_skips_datasets_not_yet_partitions(
     ds = local_lake.create_dataset("later")
     ds.add_entity({"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}})
     # not a partition yet: no event (Dagster would reject it), cursor untouched
-    assert isinstance(journal_writes(context(instance, local_lake)), dg.SkipReason)
+    assert quiet(journal_writes(context(instance, local_lake)))
     instance.add_dynamic_partitions(DATASETS, ["later"])
     assert isinstance(journal_writes(context(instance, local_lake)), dg.SensorResult)
 
@@ -172,3 +208,39 @@ def test_files_with_their_document_need_no_run(
     assert isinstance(result, dg.SensorResult)
     assert len(result.asset_events or []) == 1
     assert not result.run_requests
+
+
+def test_ticks_look_at_changed_datasets_and_sweep_the_rest(
+    local_lake: Lakehouse,
+    instance: dg.DagsterInstance,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A write through the API is reported at the next tick (its change marker moved);
+    a copy behind the API's back, when the sweep (here one dataset a tick) reaches it."""
+    monkeypatch.setattr(sensors, "SWEEP", 1)
+    names = [f"d{i}" for i in range(6)]
+    for name in names:
+        local_lake.create_dataset(name)
+    instance.add_dynamic_partitions(DATASETS, names)
+    result = archive_files(context(instance, local_lake))
+    assert quiet(result)
+    cursor = result.cursor  # type: ignore[union-attr]
+
+    # behind the API's back: a blob in d4's archive, no tag, no marker
+    local_lake.store.write_bytes(
+        cv.dataset_path("d4", cv.ARCHIVE, "ab", "cd", "ef", "ab" * 32, cv.BLOB), b"copied"
+    )
+    source = tmp_path / "memo.txt"
+    source.write_text("a memo")
+    local_lake.dataset("d1").add_file(str(source))
+    reported: list[set[str]] = []
+    for _ in names:
+        result = archive_files(context(instance, local_lake, cursor))
+        events = [] if isinstance(result, dg.SkipReason) else result.asset_events or []
+        reported.append({e.partition for e in events if e.partition})
+        cursor = getattr(result, "cursor", None) or cursor
+    assert reported[0] == {"d1"}  # at once, without listing d4
+    swept = next(i for i, found in enumerate(reported) if "d4" in found)
+    assert 0 < swept < len(names) and reported.count({"d4"}) == 1
+    assert set().union(*reported) == {"d1", "d4"}

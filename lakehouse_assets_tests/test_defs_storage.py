@@ -2,38 +2,17 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import pytest
 import sqlalchemy as sa
 
 from lakehouse_assets.definitions import defs
 from lakehouse_assets.defs.demo import report_sources
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.lake import Lakehouse
-
-
-@pytest.fixture
-def dagster_postgres(postgres_url: str) -> Iterator[str]:
-    """A database of its own on the local server, dropped afterwards."""
-    name = f"dagster_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(_psycopg2(postgres_url), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield postgres_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-def _psycopg2(url: str) -> str:
-    return url.replace("postgresql://", "postgresql+psycopg2://", 1)
+from lakehouse_assets_tests.conftest import psycopg2_url
 
 
 def instance_at(home: Path) -> dg.DagsterInstance:
@@ -47,7 +26,7 @@ def test_runs_and_partitions_persist_in_postgres(
     home.mkdir()
     (home / "dagster.yaml").write_text(
         "telemetry:\n  enabled: false\n"
-        f"storage:\n  postgres:\n    postgres_url: {_psycopg2(dagster_postgres)}\n"
+        f"storage:\n  postgres:\n    postgres_url: {psycopg2_url(dagster_postgres)}\n"
     )
     ds = local_lake.create_dataset("pg_storage")
     ds.add_entity({"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}})
@@ -82,6 +61,6 @@ def test_runs_and_partitions_persist_in_postgres(
         assert mat is not None and mat.metadata["new_statements"].value == 2
         journal = again.fetch_materializations(dg.AssetKey("journal"), limit=1).records
         assert journal and journal[0].run_id == ""
-    with sa.create_engine(_psycopg2(dagster_postgres)).connect() as conn:
+    with sa.create_engine(psycopg2_url(dagster_postgres)).connect() as conn:
         tables = set(sa.inspect(conn).get_table_names())
     assert {"runs", "event_logs", "dynamic_partitions"} <= tables

@@ -49,6 +49,30 @@ def test_touch_never_goes_backwards(lake: Lakehouse) -> None:
     assert tags.touch("x/y") > future
 
 
+def test_core_tags_move_the_dataset_s_change_marker(lake: Lakehouse) -> None:
+    """What the sensors list instead of every dataset's tags: one marker per dataset,
+    rewritten after each move of a core tag (a tenant's own tags do not move it)."""
+    a, b = lake.create_dataset("mark_a"), lake.create_dataset("mark_b")
+
+    def marks() -> dict[str, str]:
+        prefix = cv.CHANGES + "/"
+        return {e.path[len(prefix) :]: e.fingerprint for e in lake.store.entries(prefix)}
+
+    assert marks() == {}
+    a.add_entity({"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}})
+    first = marks()
+    assert set(first) == {"mark_a"}
+    assert lake.store.read_text(cv.change_marker("mark_a")).startswith(cv.JOURNAL_LAST_UPDATED)
+    b.tags("aleph").set("sync/last")
+    assert marks() == first
+    a.core_tags.touch(cv.EXPORTS_STATEMENTS)
+    b.core_tags.touch(cv.ARCHIVE_LAST_UPDATED)
+    second = marks()
+    assert set(second) == {"mark_a", "mark_b"} and second["mark_a"] != first["mark_a"]
+    # never a dataset: the catalog does not list it
+    assert lake.datasets() == ["mark_a", "mark_b"]
+
+
 def test_invalid_tag_names_are_refused(lake: Lakehouse) -> None:
     ds = lake.create_dataset("bad")
     with pytest.raises(InvalidNameError):

@@ -143,6 +143,12 @@ def user_error(exc: BaseException) -> str | None:
         return f"invalid query: {exc}"
     if module == "sqlalchemy":
         return f"journal database: {exc.args[0] if exc.args else exc}"
+    if module in ("pyspark", "py4j"):
+        # a Spark task that failed on a module its Python lacks (a cluster's
+        # executors): one line naming it instead of Spark's two tracebacks
+        from lakehouse_assets.spark.shipping import missing_module
+
+        return missing_module(exc)
     if module in ("botocore", "boto3", "s3transfer"):
         return f"lake storage (S3): {exc}"
     if isinstance(exc, NotADirectoryError | FileExistsError | IsADirectoryError | PermissionError):

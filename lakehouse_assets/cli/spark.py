@@ -121,3 +121,121 @@ def spark_status(obj: Context, port: int | None) -> None:
     click.echo(_server_line(info))
     if not info.running:
         sys.exit(1)
+
+
+@spark_group.group("cluster")
+def cluster_group() -> None:
+    """A local Spark standalone cluster (a master and workers on 127.0.0.1).
+
+    The same shape as a real cluster: executors in their own working folders
+    with their own Python (LAKEHOUSE_SPARK_EXECUTOR_PYTHON), the lakehouse's
+    code shipped to them by each session. See docs/cluster.md.
+
+    \b
+    Example:
+      lakehouse spark cluster start --workers 2
+      export LAKEHOUSE_SPARK_MASTER=spark://127.0.0.1:7077
+      lakehouse -d my_dataset make
+      lakehouse spark cluster stop
+    """
+
+
+def _cluster_lines(info: Any) -> list[str]:
+    head = (
+        f"Spark cluster at {info.master_url}: "
+        + ("running" if info.running else "not running")
+        + (f" ({info.note})" if info.note else "")
+    )
+    lines = [head]
+    for daemon in info.daemons:
+        state = "running" if daemon.alive else "gone"
+        where = f", work {daemon.work_dir}" if daemon.work_dir else ""
+        lines.append(
+            f"  {daemon.role}: pid {daemon.pid} {state}, port {daemon.port}, "
+            f"web http://127.0.0.1:{daemon.web_port}, log {daemon.log}{where}"
+        )
+    if info.running:
+        lines.append(
+            f"  executors' Python: {info.executor_python}; "
+            f"use it: export LAKEHOUSE_SPARK_MASTER={info.master_url}"
+        )
+    return lines
+
+
+CLUSTER_PORT = click.option(
+    "--port",
+    type=click.IntRange(1024, 65535),
+    default=None,
+    help="The master's port on 127.0.0.1 (default LAKEHOUSE_SPARK_CLUSTER_PORT, 7077).",
+)
+
+
+@cluster_group.command("start")
+@CLUSTER_PORT
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="How many workers (default LAKEHOUSE_SPARK_CLUSTER_WORKERS, 2).",
+)
+@click.option(
+    "--executor-python",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="The executors' Python (default LAKEHOUSE_SPARK_EXECUTOR_PYTHON, else this one).",
+)
+@pass_ctx
+def cluster_start(
+    obj: Context, port: int | None, workers: int | None, executor_python: str | None
+) -> None:
+    """Start the master and its workers (bound to 127.0.0.1) and wait until every
+    worker registered; nothing if it runs already. State, logs and work folders:
+    LAKEHOUSE_CACHE_DIR/spark-cluster/.
+
+    \b
+    Example:
+      lakehouse spark cluster start --workers 2
+    """
+    from lakehouse_assets.spark import cluster
+
+    updates: dict[str, object] = {}
+    if port is not None:
+        updates["spark_cluster_port"] = port
+    if workers is not None:
+        updates["spark_cluster_workers"] = workers
+    if executor_python is not None:
+        updates["spark_executor_python"] = executor_python
+    click.echo("\n".join(_cluster_lines(cluster.start(obj.settings.model_copy(update=updates)))))
+
+
+@cluster_group.command("stop")
+@pass_ctx
+def cluster_stop(obj: Context) -> None:
+    """Stop every process the cluster started (workers with their executors, then
+    the master); nothing if none runs.
+
+    \b
+    Example:
+      lakehouse spark cluster stop
+    """
+    from lakehouse_assets.spark import cluster
+
+    click.echo(_cluster_lines(cluster.stop(obj.settings))[0])
+
+
+@cluster_group.command("status")
+@pass_ctx
+def cluster_status(obj: Context) -> None:
+    """Say what runs of the cluster (exit 1 if it does not run); the state of a
+    cluster whose processes are gone is removed.
+
+    \b
+    Example:
+      lakehouse spark cluster status
+    """
+    from lakehouse_assets.spark import cluster
+
+    info = cluster.status(obj.settings)
+    click.echo("\n".join(_cluster_lines(info)))
+    if not info.running:
+        sys.exit(1)

@@ -9,11 +9,22 @@
   specification's rule (:mod:`lakehouse_assets.freshness`: the export's tag
   is newer than its dependencies' and the journal is empty). It runs after
   each materialization, and the ``freshness_checks`` sensor re-judges every
-  dataset every few minutes from the tags alone (no run, no Spark), reporting
-  an evaluation only when a dataset's state changed, so a journal write shows
-  up as a stale export of that dataset at once.
+  few minutes, from the tags alone (no Spark), the datasets whose change
+  marker moved and a few others in turn. When a dataset's
+  state changed, the sensor asks for one ``freshness_job`` run per tick, which
+  records the evaluations of every changed dataset, so a journal write shows
+  up as a stale export of that dataset, and a flush as a fresh one again.
+
+Why a run and not the sensor's own ``asset_events``: Dagster stores a
+run-less check evaluation with the run id ``""``, and its unique index on
+``asset_check_executions`` (asset key, check, run id, partition) then admits
+one evaluation per check and partition, ever; the second report of a dataset
+failed with an ``IntegrityError`` (SQLite and PostgreSQL alike) and the check
+never turned again. Evaluations logged inside a run carry that run's id: any
+number of them, one run per tick whatever the number of datasets.
 """
 
+import hashlib
 import json
 from collections.abc import Iterator
 from datetime import timedelta
@@ -22,7 +33,12 @@ from typing import Any
 import dagster as dg
 
 from lakehouse_assets.defs.batch import check_results, for_each_dataset
-from lakehouse_assets.defs.partitions import datasets, partition_datasets
+from lakehouse_assets.defs.partitions import (
+    Watch,
+    changed_partitions,
+    datasets,
+    existing_datasets,
+)
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.freshness import (
     ENTITIES,
@@ -38,6 +54,12 @@ from lakehouse_assets.lake import Dataset
 from lakehouse_assets.settings import Settings
 
 CHECK = "fresh"
+
+#: Datasets with no announced change re-judged anyway per tick, in turn: every
+#: writer the rule reads moves the change marker (tags, the graph index's
+#: state), so this only catches hand edits (an export deleted); judging one
+#: costs ~15 reads, hence few.
+SWEEP = 5
 
 #: asset key → the kind :func:`lakehouse_assets.freshness.freshness` reports it as.
 KINDS = {
@@ -119,38 +141,109 @@ def exports_fresh(
     yield from check_results(for_each_dataset(context, one))
 
 
+def judged(ds: Dataset) -> dict[str, Freshness | None]:
+    """Asset key → the dataset's state under the rule (the graph's only once it was built)."""
+    states = freshness(ds)
+    return {
+        key: states.get(kind)
+        for key, kind in KINDS.items()
+        if states.get(kind) is not None or kind not in (GRAPH, GRAPH_CYPHER)
+    }
+
+
+def _mark(state: Freshness | None) -> str:
+    """What the sensor's cursor keeps of a state: a change of it is reported."""
+    return "missing" if state is None else f"{state.fresh}:{state.why}"
+
+
+class FreshnessReportConfig(dg.Config):
+    """The datasets whose freshness changed (named by the ``freshness_checks`` sensor)."""
+
+    datasets: list[str]
+
+
+@dg.op(
+    out={},
+    description="Record the `fresh` check of every export, the index and the graph index "
+    "of the given datasets, judged now from the lake's tags.",
+)
+def report_freshness(
+    context: dg.OpExecutionContext, config: FreshnessReportConfig, lakehouse: LakehouseResource
+) -> Iterator[dg.AssetCheckEvaluation]:
+    reported = 0
+    for ds in existing_datasets(lakehouse.lake(), config.datasets):
+        for key, state in judged(ds).items():
+            yield evaluation(ds, key, state)
+            reported += 1
+    context.log.info("%d evaluations of %d datasets", reported, len(config.datasets))
+
+
+@dg.job(
+    description="Records the `fresh` check of the datasets whose freshness changed "
+    "(requested by the `freshness_checks` sensor; reads tags only, no Spark)."
+)
+def freshness_job() -> None:
+    report_freshness()
+
+
 @dg.sensor(
     name="freshness_checks",
+    job=freshness_job,
     minimum_interval_seconds=Settings().freshness_check_interval_seconds,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Judges every dataset's exports, index and graph index by the "
-    "specification's freshness rule and reports the `fresh` check per dataset when it "
-    "changed (tags only: no run, no Spark).",
+    description="Judges the exports, index and graph index of each dataset whose change "
+    "marker moved (and of a few others in turn) by the specification's freshness rule "
+    "(tags only, no Spark) and, when some dataset's state changed, asks for one "
+    "`freshness_job` run that records their `fresh` checks.",
 )
 def freshness_checks(
     context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
 ) -> dg.SensorResult | dg.SkipReason:
     lake = lakehouse.lake()
+    data = _load_json(context.cursor)
+    # an older cursor (dataset/key → state) keeps its states and judges every dataset once
+    states = data.get("states") if "watch" in data else data
+    seen = {str(k): str(v) for k, v in states.items()} if isinstance(states, dict) else {}
+    watch = Watch.load(data.get("watch"))
+    before = _cursor(seen, watch)
+    changed: list[str] = []
+    for ds in list(changed_partitions(context.instance, lake, watch, sweep=SWEEP)):
+        marks = {f"{ds.name}/{key}": _mark(state) for key, state in judged(ds).items()}
+        if any(seen.get(k) != v for k, v in marks.items()):
+            changed.append(ds.name)
+            seen.update(marks)
+    cursor = _cursor(seen, watch)
+    if not changed:
+        if cursor == before:
+            return dg.SkipReason("no dataset's freshness changed")
+        return dg.SensorResult(skip_reason="no dataset's freshness changed", cursor=cursor)
+    return dg.SensorResult(
+        run_requests=[
+            dg.RunRequest(
+                # the same states never ask twice (a tick repeated after a crash)
+                run_key=hashlib.sha256(cursor.encode()).hexdigest()[:24],
+                run_config=dg.RunConfig(
+                    ops={"report_freshness": FreshnessReportConfig(datasets=changed)}
+                ),
+                tags={"lakehouse/datasets": str(len(changed))},
+            )
+        ],
+        cursor=cursor,
+    )
+
+
+def _load_json(raw: str | None) -> dict[str, Any]:
     try:
-        seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
+        data = json.loads(raw) if raw else {}
     except json.JSONDecodeError:
-        seen = {}
-    events: list[dg.AssetCheckEvaluation] = []
-    for ds in partition_datasets(context.instance, lake):
-        name = ds.name
-        states = freshness(ds)
-        for key, kind in KINDS.items():
-            state = states.get(kind)
-            if state is None and kind in (GRAPH, GRAPH_CYPHER):
-                continue  # no graph index yet: nothing to judge
-            mark = "missing" if state is None else f"{state.fresh}:{state.why}"
-            if seen.get(f"{name}/{key}") != mark:
-                seen[f"{name}/{key}"] = mark
-                events.append(evaluation(ds, key, state))
-    if not events:
-        return dg.SkipReason("no dataset's freshness changed")
-    return dg.SensorResult(asset_events=events, cursor=json.dumps(seen, sort_keys=True))
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _cursor(states: dict[str, str], watch: Watch) -> str:
+    return json.dumps({"states": states, "watch": watch.dump()}, sort_keys=True)
 
 
 CHECKS = [exports_fresh]
+JOBS = [freshness_job]
 SENSORS = [freshness_checks]

@@ -1,14 +1,18 @@
 """Sensors: how Dagster learns what tenants did to the lake.
 
 Tenants write outside Dagster (CLI, API). Each write moves a tag of the lake
-(``archive/last_updated``, ``journal/last_updated``), so a sensor tick costs
-one catalog listing plus one small read per dataset and tag; only a dataset
-whose tag moved since the cursor is looked at more closely. Cursors (JSON:
-dataset → last tag seen) live in Dagster's storage and survive restarts.
+(``archive/last_updated``, ``journal/last_updated``) and then the dataset's
+change marker ``.changes/{dataset}``. A sensor tick lists the markers once and
+looks only at the datasets whose marker moved since its cursor (and at those
+without a marker, written before markers existed), so its work follows what
+changed, not the number of datasets. Cursors (JSON) live in Dagster's storage
+and survive restarts.
 
-- ``new_datasets`` adds a ``datasets`` partition for every dataset of the lake.
-- ``archive_files`` lists each dataset's ``archive/`` (one listing per tick:
-  a writer that bypasses the API moves no tag) and reports an ``archive``
+- ``new_datasets`` keeps the ``datasets`` partitions equal to the lake's datasets
+  (adds the new ones, deletes those whose dataset is gone).
+- ``archive_files`` lists the ``archive/`` of each changed dataset, and of
+  :data:`~lakehouse_assets.defs.partitions.SWEEP` others per tick in turn (a
+  writer that bypasses the API moves no marker), and reports an ``archive``
   materialization for each changed dataset; for files written since, it asks
   ``archive_documents`` to write their Document entities into the journal.
 - ``journal_writes`` reports a ``journal`` materialization (data version: the
@@ -17,7 +21,7 @@ dataset → last tag seen) live in Dagster's storage and survive restarts.
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -26,7 +30,13 @@ import dagster as dg
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.archive import DOCUMENT_MARK, FileMeta, document_entity
 from lakehouse_assets.defs.metadata import DATA_VERSION_TAG
-from lakehouse_assets.defs.partitions import DATASETS, datasets, partition_datasets
+from lakehouse_assets.defs.partitions import (
+    DATASETS,
+    SWEEP,
+    Watch,
+    changed_partitions,
+    datasets,
+)
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.settings import Settings
@@ -49,21 +59,32 @@ def _load_json(raw: str | None) -> dict[str, Any]:
     return {str(k): v for k, v in data.items()} if isinstance(data, dict) else {}
 
 
-def _load_cursor(raw: str | None) -> dict[str, str]:
-    return {k: str(v) for k, v in _load_json(raw).items()}
+def _load_cursor(raw: str | None) -> tuple[dict[str, str], Watch]:
+    """A tag sensor's cursor: dataset → last tag seen, and its :class:`Watch`.
+
+    An older cursor (the flat dataset → tag mapping) keeps its tags and looks at
+    every dataset once.
+    """
+    data = _load_json(raw)
+    tags = data.get("tags") if "watch" in data else data
+    seen = {str(k): str(v) for k, v in tags.items()} if isinstance(tags, dict) else {}
+    return seen, Watch.load(data.get("watch"))
 
 
 def changed_datasets(
-    context: dg.SensorEvaluationContext, lake: Lakehouse, tag: str
+    context: dg.SensorEvaluationContext, lake: Lakehouse, tag: str, watch: Watch
 ) -> Iterable[tuple[Dataset, datetime, datetime | None]]:
-    """(dataset, tag now, tag at the cursor) for partitions whose ``tag`` moved."""
-    cursor = _load_cursor(context.cursor)
-    for ds in partition_datasets(context.instance, lake):
+    """(dataset, tag now, tag at the cursor) for partitions whose ``tag`` moved.
+
+    Only datasets whose change marker moved are read (tags move their marker).
+    """
+    seen, _ = _load_cursor(context.cursor)
+    for ds in changed_partitions(context.instance, lake, watch):
         ts = ds.core_tags.get(tag)
         if ts is None:
             continue
-        seen = cursor.get(ds.name)
-        prev = datetime.fromisoformat(seen) if seen else None
+        prev_raw = seen.get(ds.name)
+        prev = datetime.fromisoformat(prev_raw) if prev_raw else None
         if prev is None or ts > prev:
             yield ds, ts, prev
 
@@ -78,21 +99,38 @@ Observe = Callable[
 def watch_tag(
     context: dg.SensorEvaluationContext, lake: Lakehouse, tag: str, observe: Observe
 ) -> dg.SensorResult | dg.SkipReason:
-    """The body of every tag sensor: observe each dataset whose tag moved, advance the cursor."""
+    """The body of every tag sensor: observe each dataset whose tag moved, advance the cursor.
+
+    The cursor advances also when nothing is reported (the markers seen), so a
+    quiet tick costs one listing of the markers.
+    """
+    seen, watch = _load_cursor(context.cursor)
+    before = json.dumps({"tags": seen, "watch": watch.dump()}, sort_keys=True)
     events: list[dg.AssetMaterialization] = []
     runs: list[dg.RunRequest] = []
-    updates: dict[str, str] = {}
-    for ds, ts, prev in changed_datasets(context, lake, tag):
+    for ds, ts, prev in list(changed_datasets(context, lake, tag, watch)):
         event, run = observe(ds, ts, prev)
         events.append(event)
         if run is not None:
             runs.append(run)
-        updates[ds.name] = ts.isoformat()
-    if not events:
-        return dg.SkipReason(f"{tag} unchanged")
-    return dg.SensorResult(
-        run_requests=runs, asset_events=events, cursor=cursor_with(context.cursor, updates)
-    )
+        seen[ds.name] = ts.isoformat()
+    cursor = json.dumps({"tags": seen, "watch": watch.dump()}, sort_keys=True)
+    return _result(f"{tag} unchanged", before, cursor, events, runs)
+
+
+def _result(
+    reason: str,
+    before: str,
+    cursor: str,
+    events: Sequence[dg.AssetMaterialization],
+    runs: Sequence[dg.RunRequest] = (),
+) -> dg.SensorResult | dg.SkipReason:
+    """The tick's result; a quiet tick that saw markers move still saves them."""
+    if events or runs:
+        return dg.SensorResult(run_requests=runs, asset_events=events, cursor=cursor)
+    if cursor == before:
+        return dg.SkipReason(reason)
+    return dg.SensorResult(skip_reason=reason, cursor=cursor)
 
 
 def archive_event(
@@ -134,28 +172,48 @@ def journal_event(lake: Lakehouse, ds: Dataset, ts: datetime) -> dg.AssetMateria
     )
 
 
-def cursor_with(raw: str | None, updates: dict[str, str]) -> str:
-    cursor = _load_cursor(raw)
-    cursor.update(updates)
-    return json.dumps(cursor, sort_keys=True)
-
-
 @dg.sensor(
     name="new_datasets",
     minimum_interval_seconds=_interval(),
     default_status=RUNNING,
-    description="Adds a `datasets` partition for each dataset found in the lake's catalog.",
+    description="Keeps the `datasets` partitions equal to the lake's catalog: adds a "
+    "partition for each new dataset, deletes the partition of a dataset that left the lake.",
 )
 def new_datasets(
     context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
 ) -> dg.SensorResult | dg.SkipReason:
-    found = lakehouse.lake().datasets()
+    """One listing of the lake's top level against the partitions, both ways.
+
+    Only a folder that is not a partition yet is read (is its ``config.yml``
+    there?); a partition whose folder left the lake is deleted. A deleted
+    partition keeps its history in Dagster's event log (a dataset created again
+    under that name finds it). Nothing is deleted when the lake has no catalog
+    ``index.json``: a lake URI that points at the wrong place must not empty the
+    partitions.
+    """
+    lake = lakehouse.lake()
+    folders = {n for n in lake.store.list_dirs("") if cv.DATASET_NAME.fullmatch(n)}
     known = set(context.instance.get_dynamic_partitions(DATASETS))
-    new = [name for name in found if name not in known]
-    if not new:
-        return dg.SkipReason(f"no new datasets ({len(found)} in the lake)")
-    context.log.info("new datasets: %s", ", ".join(new))
-    return dg.SensorResult(dynamic_partitions_requests=[datasets.build_add_request(new)])
+    new = sorted(n for n in folders - known if lake.store.exists(cv.dataset_path(n, cv.CONFIG)))
+    gone = sorted(known - folders)
+    if gone and not lake.store.exists(cv.CATALOG_INDEX):
+        context.log.warning(
+            "the lake %s has no %s: its %d partitions are kept",
+            lake.store.uri,
+            cv.CATALOG_INDEX,
+            len(known),
+        )
+        gone = []
+    if not new and not gone:
+        return dg.SkipReason(f"partitions match the lake ({len(known)} datasets)")
+    requests: list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest] = []
+    if new:
+        context.log.info("new datasets: %s", ", ".join(new))
+        requests.append(datasets.build_add_request(new))
+    if gone:
+        context.log.info("datasets gone from the lake: %s", ", ".join(gone))
+        requests.append(datasets.build_delete_request(gone))
+    return dg.SensorResult(dynamic_partitions_requests=requests)
 
 
 class DocumentsConfig(dg.Config):
@@ -191,14 +249,18 @@ def archive_documents() -> None:
     job=archive_documents,
     minimum_interval_seconds=_interval(),
     default_status=RUNNING,
-    description="Lists each dataset's `archive/` every tick: reports changes, including "
-    "files another writer put there without the API, and requests the Document entities "
-    "of new files.",
+    description="Lists the `archive/` of each dataset whose change marker moved, and of a "
+    "few others in turn: reports changes, including files another writer put there "
+    "without the API, and requests the Document entities of new files.",
 )
 def archive_files(
     context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
 ) -> dg.SensorResult | dg.SkipReason:
     """Report the archives that changed since the cursor, by listing, not only by tag.
+
+    Listed: the datasets whose change marker moved (a write through the API),
+    and :data:`SWEEP` others in turn, so a copy made behind the API's back is
+    seen within (datasets / SWEEP) ticks without listing every archive each tick.
 
     The cursor keeps, per dataset, a digest of the archive's listing (path and
     fingerprint of each file) and the latest write time seen. A listing that
@@ -208,10 +270,11 @@ def archive_files(
     change is reported; only its Documents wait for a write through the API.
     """
     lake = lakehouse.lake()
-    cursor = _load_listing_cursor(context.cursor)
+    cursor, watch = _load_listing_cursor(context.cursor)
+    before = _listing_cursor(cursor, watch)
     events: list[dg.AssetMaterialization] = []
     runs: list[dg.RunRequest] = []
-    for ds in partition_datasets(context.instance, lake):
+    for ds in list(changed_partitions(context.instance, lake, watch, sweep=SWEEP)):
         name = ds.name
         listing = list(ds.store.entries(cv.dataset_path(name, cv.ARCHIVE) + "/"))
         digest = hashlib.sha256(
@@ -258,17 +321,23 @@ def archive_files(
             "until": latest,
             "at_until": sorted(e.path for e in listing if e.modified == latest),
         }
-    if not events:
-        return dg.SkipReason("no archive changed")
-    return dg.SensorResult(
-        run_requests=runs, asset_events=events, cursor=json.dumps(cursor, sort_keys=True)
-    )
+    return _result("no archive changed", before, _listing_cursor(cursor, watch), events, runs)
 
 
-def _load_listing_cursor(raw: str | None) -> dict[str, dict[str, Any]]:
-    """The archive sensor's cursor; an older one (dataset → tag) counts its tag as seen."""
+def _listing_cursor(archives: dict[str, dict[str, Any]], watch: Watch) -> str:
+    return json.dumps({"archives": archives, "watch": watch.dump()}, sort_keys=True)
+
+
+def _load_listing_cursor(raw: str | None) -> tuple[dict[str, dict[str, Any]], Watch]:
+    """The archive sensor's cursor: per dataset its listing's digest, and its :class:`Watch`.
+
+    An older one (dataset → listing, or dataset → tag) keeps what it saw and looks
+    at every dataset once.
+    """
+    data = _load_json(raw)
+    archives = data.get("archives") if "watch" in data else data
     out: dict[str, dict[str, Any]] = {}
-    for name, value in _load_json(raw).items():
+    for name, value in (archives if isinstance(archives, dict) else {}).items():
         if isinstance(value, dict):
             out[name] = value
         elif isinstance(value, str):
@@ -276,7 +345,7 @@ def _load_listing_cursor(raw: str | None) -> dict[str, dict[str, Any]]:
                 out[name] = {"until": datetime.fromisoformat(value).timestamp()}
             except ValueError:
                 continue
-    return out
+    return out, Watch.load(data.get("watch"))
 
 
 def _orphans(listing: list[Entry]) -> int:

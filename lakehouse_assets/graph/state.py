@@ -59,6 +59,8 @@ class GraphState:
         self.updated_at = cv.utcnow().isoformat()
         data = {k: getattr(self, k) for k in self.__slots__}
         ds.store.write_text(cv.dataset_path(ds.name, STATE), json.dumps(data, indent=1))
+        # no tag moves with the index: the freshness sensor learns of it by the marker
+        ds.core_tags.mark_changed(f"{STATE} {self.updated_at}")
 
 
 def status(ds: DatasetContext) -> dict[str, Any]:

@@ -352,6 +352,12 @@ def server_confs(settings: Settings, port: int, folder: Path) -> dict[str, str]:
         **binding,
         "spark.connect.grpc.binding.port": str(port),
     }
+    if not settings.spark_master.startswith("local"):
+        # a server whose driver uses a cluster (lakehouse spark cluster): its
+        # executors' Python and share, the local cluster's secret
+        from lakehouse_assets.spark.cluster import session_conf
+
+        confs = {**session_conf(settings, loopback=True), **confs}
     return {**local_auth(settings), **confs}
 
 
@@ -513,7 +519,11 @@ def start(
         **os.environ,
         "SPARK_HOME": str(home),
         "SPARK_LOCAL_IP": "127.0.0.1",
-        "PYSPARK_PYTHON": sys.executable,
+        # on a cluster master the executors' Python (it need not have this
+        # package: each session ships it), else this interpreter
+        "PYSPARK_PYTHON": settings.spark_executor_python
+        if not settings.spark_master.startswith("local") and settings.spark_executor_python
+        else sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         # the server reads its token from here (Spark's own fallback for
         # spark.connect.authenticate.token): not on its command line

@@ -13,7 +13,9 @@ rows of another task.
 
 It needs tasks that reach the journal: the local Spark (in process or the
 local Connect server) always does; a cluster needs a PostgreSQL journal it
-can reach (:func:`reachable`). Otherwise flush reads on the driver.
+can reach (:func:`reachable`). Otherwise (a SQLite journal on a cluster)
+flush reads the claimed rows on the driver, reduces them and hands them to
+the executors as Parquet in the lake's staging area.
 
 The journal URL travels as a data source option named ``journal_url``:
 Spark redacts options whose name matches ``url`` in plans and logs.
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from lakehouse_assets.journal import Claim, Journal
+    from lakehouse_assets.settings import Settings
 
 SOURCE_NAME = "lakehouse_journal"
 
@@ -148,15 +151,13 @@ def balanced_ranges(buckets: Sequence[tuple[int, int]], parts: int) -> list[list
     return ranges
 
 
-def reachable(journal_url: str, spark_remote: str | None) -> bool:
-    """Whether Spark's tasks can open this journal themselves."""
-    if not spark_remote:
-        return True  # in process: the tasks run on this machine
-    from urllib.parse import urlparse
+def reachable(journal_url: str, spark: SparkSession, settings: Settings) -> bool:
+    """Whether Spark's tasks can open this journal themselves: a PostgreSQL journal
+    always (by its network address), a SQLite file only when the tasks run on this
+    machine (:func:`~lakehouse_assets.spark.session.runs_elsewhere`)."""
+    from lakehouse_assets.spark.session import runs_elsewhere
 
-    host = urlparse(spark_remote.replace("sc://", "http://", 1)).hostname
-    local = host in ("127.0.0.1", "localhost", "::1")
-    return local or not journal_url.startswith("sqlite")
+    return not journal_url.startswith("sqlite") or not runs_elsewhere(spark, settings)
 
 
 #: What the source answers: one row per staged file (``deleted``: its tombstones).

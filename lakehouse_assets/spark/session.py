@@ -9,7 +9,14 @@ Two ways to run the same jobs:
   process (``LAKEHOUSE_SPARK_MASTER`` may name a cluster master instead).
 
 The lakehouse's code uses only what both offer: DataFrames, SQL,
-``mapInArrow`` and the Python data source, never the SparkContext or RDDs.
+``mapInArrow`` and the Python data source, never the SparkContext or RDDs
+(the session itself uses the SparkContext of an in-process Spark to learn its
+master and to ship the code).
+
+On a cluster (a ``spark://`` or other non-local master, or a Connect server
+that is not a local-mode one on this machine: :func:`runs_elsewhere`) the
+session ships this package to the executors (:mod:`.shipping`), and checks
+once that they see a local lake folder (:mod:`.probe`); see docs/cluster.md.
 Delta tables are committed by delta-rs, so Spark needs no extra JARs (Maven
 is not reachable); Spark writes Parquet with the timestamp type Delta expects.
 """
@@ -65,9 +72,12 @@ def sql_conf(settings: Settings) -> dict[str, str]:
 def spark_conf(settings: Settings) -> dict[str, str]:
     """The configuration of an in-process Spark."""
     from lakehouse_assets.spark.cds import java_options
-    from lakehouse_assets.spark.connect import local_auth, log4j_config
+    from lakehouse_assets.spark.cluster import session_conf
+    from lakehouse_assets.spark.connect import is_loopback, local_auth, log4j_config
 
     scratch = scratch_dir(settings)
+    local = settings.spark_master.startswith("local")
+    loopback = local or is_loopback(_master_host(settings.spark_master))
     return {
         "spark.master": settings.spark_master,
         "spark.app.name": "lakehouse_assets",
@@ -83,13 +93,18 @@ def spark_conf(settings: Settings) -> dict[str, str]:
             f"-Dlog4j2.configurationFile=file:{log4j_config(settings)} "
             f"{java_options(settings)} {settings.spark_driver_java_options}"
         ).strip(),
-        "spark.driver.bindAddress": "127.0.0.1"
-        if settings.spark_master.startswith("local")
-        else "0.0.0.0",
+        "spark.driver.bindAddress": "127.0.0.1" if loopback else "0.0.0.0",
         **local_auth(settings),
+        **(session_conf(settings, loopback=loopback) if not local else {}),
         **sql_conf(settings),
         **settings.spark_config,
     }
+
+
+def _master_host(master: str) -> str:
+    from urllib.parse import urlparse
+
+    return urlparse(master.split(",")[0]).hostname or ""
 
 
 def is_connect(spark: SparkSession) -> bool:
@@ -202,7 +217,31 @@ def get_spark(settings: Settings | None = None) -> SparkSession:
         _sessions[key] = session
         if progress.log.isEnabledFor(logging.INFO):
             watch_spark(session)
-        return session
+    _check_lake(session, settings)
+    return session
+
+
+def _check_lake(spark: SparkSession, settings: Settings) -> None:
+    """Once per session and lake: a local lake on a Spark that may run elsewhere
+    must be visible to its executors (:mod:`.probe`). A master on 127.0.0.1
+    has its workers on this machine (they see its disk): no job for that."""
+    if settings.is_s3 or not runs_elsewhere(spark, settings):
+        return
+    if not is_connect(spark):
+        from lakehouse_assets.spark.connect import is_loopback
+
+        if is_loopback(_master_host(settings.spark_master)):
+            return
+    folder = Path(settings.lake_uri.removeprefix("file://")).expanduser().resolve()
+    checked: set[str] = getattr(spark, "_lakehouse_lakes", set())
+    if str(folder) in checked:
+        return
+    from lakehouse_assets.spark.probe import require_visible_lake
+
+    require_visible_lake(spark, folder)
+    checked.add(str(folder))
+    with contextlib.suppress(AttributeError):
+        spark._lakehouse_lakes = checked  # type: ignore[attr-defined]
 
 
 def _server_key(settings: Settings, remote: str) -> str:
@@ -264,7 +303,36 @@ def _connect(settings: Settings) -> SparkSession:
         raise ConfigurationError(
             f"the Spark Connect server at {shown} refused this client ({_first_line(exc)}): {where}"
         ) from None
+    if runs_elsewhere(session, settings):
+        from lakehouse_assets.spark.shipping import code_zip
+
+        session.addArtifacts(str(code_zip(settings)), pyfile=True)
     return session
+
+
+def runs_elsewhere(spark: SparkSession, settings: Settings) -> bool:
+    """Whether Spark's tasks may run on other machines or another Python install
+    than this process: a cluster master (``spark://``, ``yarn``...), or a Connect
+    server that is not a local-mode server on this machine. Such a session gets
+    this package shipped (:mod:`.shipping`), and its tasks open nothing on this
+    machine's disk (a SQLite journal is read by the driver instead)."""
+    cached = getattr(spark, "_lakehouse_elsewhere", None)
+    if isinstance(cached, bool):
+        return cached
+    if is_connect(spark):
+        from urllib.parse import urlparse
+
+        from lakehouse_assets.spark.connect import is_loopback
+
+        url = remote_url(settings) or ""
+        host = urlparse(url.replace("sc://", "http://", 1)).hostname or ""
+        master = str(spark.conf.get("spark.master", "local[*]"))
+        value = not (is_loopback(host) and master.startswith("local"))
+    else:
+        value = not str(spark.sparkContext.master).startswith("local")
+    with contextlib.suppress(AttributeError):
+        spark._lakehouse_elsewhere = value  # type: ignore[attr-defined]
+    return value
 
 
 def _first_line(exc: BaseException) -> str:
@@ -290,6 +358,7 @@ def shared_session_url(url: str) -> str:
     from urllib.parse import urlparse
 
     from lakehouse_assets.spark.connect import is_loopback, with_param
+    from lakehouse_assets.spark.shipping import code_digest
 
     if "session_id=" in url:
         return url
@@ -300,18 +369,26 @@ def shared_session_url(url: str) -> str:
         canonical += f"/;{';'.join(params)}" if params else ""
     else:
         canonical = re.sub(r";token=[^;]*", "", url)
-    session_id = uuid.uuid5(uuid.NAMESPACE_URL, f"lakehouse:{canonical}")
+    # one session per code: a session's Python path holds the code it was shipped
+    session_id = uuid.uuid5(uuid.NAMESPACE_URL, f"lakehouse:{canonical}:{code_digest()}")
     return with_param(url, "session_id", str(session_id))
 
 
 def _start_local(settings: Settings) -> SparkSession:
+    from lakehouse_assets.spark.connect import is_loopback
+    from lakehouse_assets.spark.shipping import code_zip
+
     global _cleaned
     require_java()
     # Spark's Python workers must run this interpreter (with our packages),
     # and a local session must not bind a public address.
+    local = settings.spark_master.startswith("local")
+    if not local:
+        # pyspark hands this to every task: a cluster's executors run their own Python
+        os.environ["PYSPARK_PYTHON"] = settings.spark_executor_python or sys.executable
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if settings.spark_master.startswith("local"):
+    if local or is_loopback(_master_host(settings.spark_master)):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
@@ -333,6 +410,8 @@ def _start_local(settings: Settings) -> SparkSession:
                 raise
             session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    if not local:
+        session.sparkContext.addPyFile(str(code_zip(settings)))
     return session
 
 
