@@ -507,6 +507,7 @@ def refresh(
         index = state.index(ds)
         rows = _changed_rows(ds, snapshot, changes.entities, staging_uri)
         step("%d changed entities, %d still live: lines made", len(changes.entities), rows.num_rows)
+        faults.point("export.after_parts")  # as in the full pass: lines made, nothing replaced
         old_ids = index.column("canonical_id").to_pylist()
         new_ids = rows.column("canonical_id").to_pylist()
         plan = _plan(old_ids, changes.entities, new_ids)
