@@ -54,7 +54,8 @@ test-cluster: install java
 # the property suite with every property at >= 100 examples locally, 20 on S3 (long)
 test-thorough: install java
 	LAKEHOUSE_TEST_PROFILE=thorough $(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS) \
-		lakehouse_assets_tests/test_properties_commits.py lakehouse_assets_tests/test_properties_dataset.py
+		lakehouse_assets_tests/test_properties_commits.py lakehouse_assets_tests/test_properties_dataset.py \
+		lakehouse_assets_tests/test_properties_incremental.py
 
 # ruff, then the import contract (the layers in setup.cfg's [importlinter])
 lint: install

@@ -97,6 +97,14 @@ class DatasetContext:
             self.store.storage_options(),
         )
 
+    @property
+    def changes_table(self) -> DeltaLocation:
+        """The flush's change feed (``entities/changes``, see :mod:`.tables.feed`)."""
+        return DeltaLocation(
+            self.store.full_uri(cv.dataset_path(self.name, cv.CHANGES_TABLE)),
+            self.store.storage_options(),
+        )
+
     def snapshot(self, translog_version: int | None = None) -> DatasetSnapshot:
         """The consistent pair of table versions readers see (the latest by default)."""
         return DatasetSnapshot.load(self.statements_table, self.translog_table, translog_version)

@@ -20,10 +20,12 @@ validated here *before* a path is built, so nothing can escape the lake
         │   └── {origin}.txt             extracted text (one per engine)
         ├── entities/
         │   ├── statements/origin={origin}/*.parquet   Delta table
-        │   └── translog/*.parquet                      Delta table
+        │   ├── translog/*.parquet                      Delta table
+        │   └── changes/*.parquet                       Delta table: the flush's change feed
         ├── entities.ftm.json            aggregated entities export
         ├── mappings/{content_hash}/mapping.yml, versions/{timestamp}.yml
         ├── exports/statements.csv, statistics.json, graph.cypher
+        ├── exports/_state/state.json, entities-{id}.parquet   incremental exports' state
         ├── versions/YYYY/MM/{snapshot_id}/manifest.json, index.json   a published version
         ├── versions/chain/{sequence}.json, versions/latest.json       the version chain
         ├── diffs/entities.ftm.json/{snapshot_id}.delta.json           entity changes
@@ -244,6 +246,8 @@ ARCHIVE: Final = "archive"
 BLOB: Final = "data"
 STATEMENTS_TABLE: Final = "entities/statements"
 TRANSLOG_TABLE: Final = "entities/translog"
+#: the flush's change feed: what each translog version made live or dead
+CHANGES_TABLE: Final = "entities/changes"
 ENTITIES_JSON: Final = "entities.ftm.json"
 MAPPINGS: Final = "mappings"
 EXPORTS: Final = "exports"
@@ -253,6 +257,10 @@ GRAPH_CYPHER: Final = "exports/graph.cypher"
 GRAPH_GRAPHML: Final = "exports/graph.graphml"
 #: the Neo4j bulk-import files (one CSV per schema, ``neo4j_import.sh``)
 GRAPH_NEO4J: Final = "exports/neo4j"
+#: what an incremental export starts from: the last export's per-entity byte
+#: lengths and statistics contributions (``entities-{id}.parquet``) and the
+#: state naming it (``state.json``, its versions and checksums)
+EXPORT_STATE: Final = "exports/_state"
 LOCKS: Final = "locks"
 TAGS: Final = "tags"
 QUEUE: Final = "queue"

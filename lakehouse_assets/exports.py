@@ -51,7 +51,7 @@ import pyarrow as pa
 from followthemoney.dataset.resource import DataResource
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets import faults, progress, staging
+from lakehouse_assets import faults, incremental, progress, staging
 from lakehouse_assets.flush import flush_for_reading
 from lakehouse_assets.freshness import (  # the export kinds and their rule live there
     ENTITIES,
@@ -95,6 +95,10 @@ class ExportResult:
     seconds: float = 0.0
     #: leftovers of killed exports removed by this one
     cleaned: dict[str, int] = field(default_factory=dict)
+    #: how the written exports were made: ``incremental`` (from the last ones and
+    #: the change feed) or ``full``, and why not incremental (None if it was)
+    mode: str | None = None
+    reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -105,6 +109,8 @@ class ExportResult:
             "snapshot": list(self.snapshot),
             "seconds": round(self.seconds, 3),
             "cleaned": self.cleaned,
+            "mode": self.mode,
+            "reason": self.reason,
             **({"graph": self.graph} if self.graph is not None else {}),
         }
 
@@ -194,7 +200,12 @@ class _Written:
 
 
 def _assemble(
-    ds: DatasetContext, parts: Sequence[str], target: str, area: str, header: bytes = b""
+    ds: DatasetContext,
+    parts: Sequence[str],
+    target: str,
+    area: str,
+    header: bytes = b"",
+    lines: incremental.LineLengths | None = None,
 ) -> _Written:
     """Join part files (in order) into ``target``, atomically; hash on the way.
 
@@ -220,6 +231,8 @@ def _assemble(
             fs, path = arrow_filesystem(uri, options)
             with fs.open_input_stream(path) as src:
                 while chunk := src.read(8 * 1024 * 1024):
+                    if lines is not None:  # the incremental state measures its lines
+                        lines.feed(chunk)
                     out.write(chunk)
                     digest.update(chunk)
                     size += len(chunk)
@@ -272,8 +285,10 @@ def _run_pass(
         rows: int | None = None
         entity_parts: list[str] = []
         csv_parts: list[str] = []
+        # all three at once: the state an incremental export starts from (incremental.py)
+        keep_state = kinds >= {STATEMENTS, ENTITIES, STATISTICS}
         if need_entities:
-            entities = ftm_sql.entity_frame(ordered).persist()
+            entities = ftm_sql.entity_frame(ordered, csv_bytes=keep_state).persist()
             cached.append(entities)
             counted = ftm_sql.statistics(entities)
             rows = counted.statements
@@ -290,9 +305,17 @@ def _run_pass(
             if rows is None:
                 rows = ordered.count()
             step("statements.csv parts written")
+        spark_index = None
+        if keep_state:
+            spark_index = entities.select(
+                *[c for c in incremental.SPARK_INDEX_COLUMNS if c != "pick"],
+                F.col("_pick_names").isNotNull().cast("long").alias("pick"),
+            ).toArrow()
+            step("per-entity index collected")
         faults.point("export.after_parts")
+        chunks = incremental.LineLengths() if keep_state else None
         if ENTITIES in kinds:
-            w = _assemble(ds, entity_parts, cv.ENTITIES_JSON, staging_rel)
+            w = _assemble(ds, entity_parts, cv.ENTITIES_JSON, staging_rel, lines=chunks)
             out[ENTITIES] = {"rows": counted.entities, **_describe(w)}
         if STATEMENTS in kinds:
             header = csv_header()
@@ -314,6 +337,13 @@ def _run_pass(
                 "sha256": hashlib.sha256(data).hexdigest(),
                 "stats": json.loads(text),
             }
+        if spark_index is not None and chunks is not None:
+            files = {
+                k: {x: out[k][x] for x in ("path", "size", "sha256")}
+                for k in (STATEMENTS, ENTITIES)
+            }
+            incremental.full_state(ds, snapshot, spark_index, chunks.lengths(), files)
+            step("incremental state saved")
         return out
     finally:
         _release(spark, cached, sort_agg, previous)
@@ -407,7 +437,14 @@ def export(
                 ", ".join(sorted(spark_kinds)),
                 *snapshot.versions,
             )
-            result.written.update(_run_pass(ds, spark_kinds, snapshot))
+            refreshed, result.reason = incremental.attempt(ds, spark_kinds, snapshot, force=force)
+            result.mode = "full" if refreshed is None else "incremental"
+            if refreshed is not None:
+                result.written.update(refreshed)
+            else:
+                result.written.update(_run_pass(ds, spark_kinds, snapshot))
+                for done in result.written.values():
+                    done.update(mode="full", reason=result.reason)
             for kind in sorted(spark_kinds):
                 done = result.written[kind]
                 progress.stage(

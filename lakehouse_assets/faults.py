@@ -34,6 +34,7 @@ FLUSH_POINTS: Final = (
     "flush.after_claim",
     "flush.after_parquet",
     "flush.after_statements_commit",
+    "flush.before_changes_commit",
     "flush.after_translog_commit",
     "flush.before_journal_clear",
     "flush.after_batch",
@@ -42,6 +43,10 @@ EXPORT_POINTS: Final = (
     "export.after_parts",
     "export.before_replace",
     "export.after_replace",
+    # an incremental export (incremental.py): files spliced, nothing replaced yet;
+    # the three files replaced, the state not yet written
+    "export.after_splice",
+    "export.before_state",
 )
 COMPACT_POINTS: Final = (
     "compact.after_parquet",

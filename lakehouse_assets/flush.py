@@ -22,7 +22,10 @@ The specification's process, made safe against crashes and concurrent writers:
    Spark rewrites the translog files whose bucket range overlaps the batch
    (old rows merged with the updates); one commit removes the old files,
    adds the new ones and publishes the statements version readers pair
-   with it.
+   with it. Then the batch's rows of the change feed (:mod:`.tables.feed`:
+   the statements it made live or dead, by entity) are committed, tagged
+   with that translog version; a crash between the two commits leaves the
+   version out of the feed, which readers take as a gap (their full path).
 6. Only when every batch is in both tables are the claimed journal rows
    deleted (all at once: SQLite truncates when nothing else waits).
 
@@ -65,8 +68,10 @@ from lakehouse_assets.spark.session import (
     ranged,
     scratch_cleanup,
 )
+from lakehouse_assets.tables import feed
 from lakehouse_assets.tables.delta import commit, remove_action
 from lakehouse_assets.tables.schemas import (
+    CHANGES_SCHEMA,
     PROVENANCE_FIELDS,
     STATEMENTS_PARTITION,
     STATEMENTS_SCHEMA,
@@ -383,6 +388,9 @@ def _flush_batch(
     step("rewrote translog")
     if version is not None:
         result.translog_version = version
+        faults.point("flush.before_changes_commit")
+        record_changes(spark, ds, keyed, version, published, claim.flush_id, fence, staging_uri)
+        step("recorded the change feed")
     result.tombstones += int(counts["tombstones"])
     result.duplicates += int(counts["duplicates"])
     result.ignored_tombstones += int(counts["ignored_tombstones"])
@@ -391,6 +399,62 @@ def _flush_batch(
     faults.point("flush.after_translog_commit")
     result.journal_rows += journal_rows
     result.batches += 1
+
+
+def record_changes(
+    spark: SparkSession,
+    ds: DatasetContext,
+    keyed: DataFrame,
+    version: int,
+    published: int | None,
+    flush_id: str,
+    fence: Fence,
+    staging_uri: str,
+) -> None:
+    """Commit the batch's rows of the change feed (:mod:`.tables.feed`) for translog
+    ``version``: every statement given a translog row, live or dead, and the row
+    that marks the version covered. Not for a translog's first version (nothing
+    before it to change from: a first flush writes no copy of its statements)."""
+    from pyspark.sql import functions as F
+
+    if version == 0:
+        return
+    head = [
+        F.lit(version).cast("long").alias("translog_version"),
+        F.lit(published).cast("long").alias("statements_version"),
+        F.lit(flush_id).alias("flush_id"),
+    ]
+    dead = F.col("deleted_at").isNotNull()
+    rows = keyed.where(F.col("in_main").isNotNull() | ~dead).select(
+        *head,
+        F.when(dead, F.lit(feed.DEAD)).otherwise(F.lit(feed.LIVE)).alias("change"),
+        "origin",
+        "id",
+        "canonical_id",
+    )
+    marker = spark.range(1).select(
+        *head,
+        F.lit(feed.VERSION).alias("change"),
+        *(F.lit(None).cast("string").alias(c) for c in ("origin", "id", "canonical_id")),
+    )
+    location = ds.changes_table
+    ordered = marker.unionByName(rows).coalesce(1).sortWithinPartitions("canonical_id", "id")
+    actions = write_files(
+        ordered,
+        location.uri,
+        location.storage_options,
+        CHANGES_SCHEMA,
+        staging_uri=staging_uri,
+        prefix="changes",
+    )
+    commit(
+        location,
+        actions,
+        schema=CHANGES_SCHEMA,
+        metadata={"lakehouse.operation": "flush", "dataset": ds.name, "flush_id": flush_id},
+        fence=fence,
+        read_version=Snapshot.load(location).version,
+    )
 
 
 def _num_records(stats: str | None) -> int:

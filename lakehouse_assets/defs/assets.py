@@ -200,6 +200,12 @@ def exports(
             written = result.written.get(kind)
             meta = export_metadata(ds, kind, written)
             meta["duration_seconds"] = round(result.seconds, 3)
+            if written is not None:  # incremental (from the change feed) or a full pass
+                meta["mode"] = str(written.get("mode") or "full")
+                meta["entities_touched"] = int(written.get("entities_touched") or 0)
+                meta["bytes_carried"] = int(written.get("bytes_carried") or 0)
+                if written.get("reason"):
+                    meta["full_reason"] = str(written["reason"])
             if kind == STATISTICS and written is not None:
                 stats = written.get("stats") or {}
                 meta["entity_count"] = int(stats.get("entity_count") or 0)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -136,15 +137,20 @@ def dedupe(ranged: DataFrame, *, origins: int) -> DataFrame:
 # --- entities.ftm.json ---------------------------------------------------------------
 
 
-def entity_frame(statements: DataFrame) -> DataFrame:
+def entity_frame(statements: DataFrame, *, csv_bytes: bool = False) -> DataFrame:
     """One row per entity (``canonical_id``) with what ``to_dict`` and the
     statistics need; ``statements`` are deduplicated (:func:`dedupe`) and
-    partitioned by ``canonical_id`` (both aggregations then need no shuffle)."""
+    partitioned by ``canonical_id`` (both aggregations then need no shuffle).
+
+    With ``csv_bytes``, also the bytes of the entity's lines in statements.csv
+    (what an incremental export needs to find them again)."""
     from pyspark.sql import functions as F
 
     lit = _model_literals()
     not_base = F.col("prop") != BASE_ID
+    sizes = [F.sum(F.octet_length(csv_line()) + 1).alias("csv_bytes")] if csv_bytes else []
     per_prop = statements.groupBy("canonical_id", "prop").agg(
+        *sizes,
         F.array_sort(F.collect_set("value")).alias("values"),
         F.count(F.lit(1)).alias("n"),
         # the caption of a single-valued (or non-name) property: sorted(stmts)[0],
@@ -181,6 +187,7 @@ def entity_frame(statements: DataFrame) -> DataFrame:
         F.max(F.when(not_base, F.col("last_seen"))).alias("last_seen"),
         F.max(F.when(~not_base, F.col("max_first_seen"))).alias("last_change"),
         F.sum("n").alias("statements"),
+        *([F.sum("csv_bytes").alias("csv_bytes")] if csv_bytes else []),
         # ftmq's Collector: countries, and the start and end of the dates
         F.array_distinct(
             F.flatten(F.collect_list(F.when(F.col("is_country"), F.col("values"))))
@@ -313,7 +320,8 @@ class Statistics:
     ftmq is still being imported.
     """
 
-    rows: tuple[Row, ...]
+    #: Spark's rows, or mappings with the same keys (an incremental export's)
+    rows: tuple[Row | Mapping[str, Any], ...]
 
     @property
     def entities(self) -> int:

@@ -63,6 +63,21 @@ TRANSLOG_SCHEMA = pa.schema(
     ]
 )
 
+#: The change feed (:mod:`.feed`): per translog version a flush committed, one
+#: ``version`` row (the version is covered, even if it changed nothing) and one
+#: row per statement it made ``live`` (new or written again) or ``dead``.
+CHANGES_SCHEMA = pa.schema(
+    [
+        ("translog_version", pa.int64()),
+        ("statements_version", pa.int64()),
+        ("flush_id", pa.string()),
+        ("change", pa.string()),
+        ("origin", pa.string()),
+        ("id", pa.string()),
+        ("canonical_id", pa.string()),
+    ]
+)
+
 #: The statements table is partitioned by origin; the translog is not.
 STATEMENTS_PARTITION = "origin"
 

@@ -1,0 +1,630 @@
+"""Incremental exports: statements.csv, entities.ftm.json and statistics.json of a
+new snapshot from those of the last export plus the change feed.
+
+The full export (:mod:`.exports`) writes both files sorted by ``canonical_id``
+and leaves a state next to them (``exports/_state``, :class:`ExportState`):
+the translog version it was built from, the files' sizes and checksums, one
+row per entity with the bytes of its lines in each file and its contribution
+to the statistics, and the statistics as mergeable aggregates (counts, with
+the dates as multisets, so a deleted entity's contribution can be taken off).
+
+A later export asks the change feed (:mod:`.tables.feed`) which entities
+changed since that version. With an answer (no gap), only those entities'
+live statements are read (point reads by canonical id, :func:`.query.live_statements`)
+and turned into CSV lines, entity lines and statistics contributions by the
+same Spark SQL as the full pass (:mod:`.spark.ftm_sql`). The new files are
+the old ones with those entities' byte ranges replaced, deleted or inserted
+in ``canonical_id`` order: the unchanged bytes are copied in one sequential
+read of the old file (which is hashed on the way and must match the state,
+or the export falls back to its full path). Statistics are the aggregates
+minus the old contributions of the changed entities plus their new ones.
+Nothing of an unchanged entity is re-sorted or re-aggregated.
+
+The result is byte for byte what the full pass writes for the same snapshot
+(the property test ``test_properties_incremental.py`` checks it after random
+sequences of writes, deletes, flushes, compactions and optimizes).
+
+Crash safety: the new files are built in the run's staging area and each
+replaces its target atomically; the state is written last. A crash in
+between leaves files that no longer match the state's checksums, so the
+next export takes the full path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tempfile
+import uuid
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets import faults, progress, staging
+from lakehouse_assets.freshness import ENTITIES as ENTITIES_KIND
+from lakehouse_assets.freshness import STATEMENTS as STATEMENTS_KIND
+from lakehouse_assets.freshness import STATISTICS as STATISTICS_KIND
+from lakehouse_assets.query import SORT, csv_header, live_statements
+from lakehouse_assets.spark import ftm_sql
+from lakehouse_assets.storage import LocalStore
+from lakehouse_assets.tables.feed import Changes, changes_between
+from lakehouse_assets.tables.schemas import STATEMENTS_PARTITION
+from lakehouse_assets.tables.snapshot import DatasetSnapshot
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from lakehouse_assets.context import DatasetContext
+
+log = logging.getLogger(__name__)
+
+#: Bumped when the state's layout changes: an older state is ignored (full path).
+STATE_FORMAT = 1
+#: Above this share of the entities changed, the full pass is the cheaper one
+#: (for datasets of at least :data:`SHARE_FROM` entities: below, both are quick).
+MAX_CHANGED_SHARE = 0.3
+SHARE_FROM = 10_000
+#: Chunk of a sequential copy.
+CHUNK = 8 * 1024 * 1024
+
+#: One row per exported entity, in ``canonical_id`` order.
+INDEX_SCHEMA = pa.schema(
+    [
+        ("canonical_id", pa.string()),
+        ("csv_bytes", pa.int64()),
+        ("json_bytes", pa.int64()),
+        ("schema", pa.string()),
+        ("countries", pa.list_(pa.string())),
+        ("start", pa.string()),
+        ("end", pa.string()),
+        ("statements", pa.int64()),
+        ("pick", pa.int64()),
+    ]
+)
+#: The columns of an entity's contribution that Spark computes (the index without json_bytes).
+SPARK_INDEX_COLUMNS = [n for n in INDEX_SCHEMA.names if n != "json_bytes"]
+
+#: the kinds an incremental pass writes, always together
+ALL_THREE = frozenset({STATEMENTS_KIND, ENTITIES_KIND, STATISTICS_KIND})
+
+
+class StateMismatch(Exception):
+    """An export file is not the one the state describes (full path instead)."""
+
+
+# --- the statistics as mergeable aggregates ----------------------------------------
+
+
+@dataclass
+class Aggregates:
+    """ftm_sql's statistics rows as counts that can be added and taken off.
+
+    ``schemas``: schema → [entities, statements, picks]; ``countries``:
+    schema → country → entities; ``starts``/``ends``: schema → date → entities
+    (a multiset, so the min/max survives removing an entity)."""
+
+    schemas: dict[str, list[int]] = field(default_factory=dict)
+    countries: dict[str, dict[str, int]] = field(default_factory=dict)
+    starts: dict[str, dict[str, int]] = field(default_factory=dict)
+    ends: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def add(self, index: pa.Table, sign: int = 1) -> None:
+        """Add (``sign`` 1) or take off (-1) the contributions of index rows."""
+        if index.num_rows == 0:
+            return
+        per_schema = index.group_by("schema").aggregate(
+            [([], "count_all"), ("statements", "sum"), ("pick", "sum")]
+        )
+        for schema, n, stmts, picks in zip(
+            *(per_schema.column(c).to_pylist() for c in ("schema", "count_all")),
+            per_schema.column("statements_sum").to_pylist(),
+            per_schema.column("pick_sum").to_pylist(),
+            strict=True,
+        ):
+            total = self.schemas.setdefault(schema, [0, 0, 0])
+            total[0] += sign * n
+            total[1] += sign * (stmts or 0)
+            total[2] += sign * (picks or 0)
+        countries = index.column("countries").combine_chunks()
+        flat = pc.list_flatten(countries)
+        if len(flat):
+            owners = pc.take(index.column("schema"), pc.list_parent_indices(countries))
+            pairs = pa.table({"schema": owners, "value": flat})
+            self._count(self.countries, pairs, sign)
+        for column, target in (("start", self.starts), ("end", self.ends)):
+            dated = index.select(["schema", column]).rename_columns(["schema", "value"])
+            self._count(target, dated.filter(pc.is_valid(dated.column("value"))), sign)
+
+    @staticmethod
+    def _count(target: dict[str, dict[str, int]], pairs: pa.Table, sign: int) -> None:
+        if pairs.num_rows == 0:
+            return
+        counted = pairs.group_by(["schema", "value"]).aggregate([([], "count_all")])
+        for schema, value, n in zip(
+            *(counted.column(c).to_pylist() for c in ("schema", "value", "count_all")),
+            strict=True,
+        ):
+            inner = target.setdefault(schema, {})
+            inner[value] = inner.get(value, 0) + sign * n
+            if inner[value] == 0:
+                del inner[value]
+            if not inner:
+                del target[schema]
+
+    def statistics(self) -> ftm_sql.Statistics:
+        """The rows :func:`.spark.ftm_sql.statistics` collects, from the counts."""
+        from followthemoney import model
+
+        rows: list[dict[str, Any]] = []
+        for name, (n, stmts, picks) in self.schemas.items():
+            if n == 0:
+                continue
+            schema = model.get(name)
+            thing = bool(schema and schema.is_a("Thing"))
+            interval = bool(schema and schema.is_a("Interval"))
+            starts, ends = self.starts.get(name) or {}, self.ends.get(name) or {}
+            base = {"schema": name, "thing": thing, "interval": interval}
+            rows.append(
+                {
+                    **base,
+                    "country": None,
+                    "n": n,
+                    "start": min(starts) if starts else None,
+                    "end": max(ends) if ends else None,
+                    "statements": stmts,
+                    "picks": picks,
+                }
+            )
+            for country, count in (self.countries.get(name) or {}).items():
+                rows.append(
+                    {
+                        **base,
+                        "country": country,
+                        "n": count,
+                        "start": None,
+                        "end": None,
+                        "statements": None,
+                        "picks": None,
+                    }
+                )
+        return ftm_sql.Statistics(tuple(rows))
+
+    def prune(self) -> None:
+        self.schemas = {k: v for k, v in self.schemas.items() if v[0] != 0}
+
+
+# --- the state --------------------------------------------------------------------------
+
+
+@dataclass
+class ExportState:
+    """What the last export of the three files was built from and what they hold."""
+
+    #: (statements, translog) versions of the snapshot
+    snapshot: tuple[int | None, int | None]
+    #: the per-entity index's file name under ``exports/_state``
+    index_file: str
+    #: kind → {"path", "size", "sha256"} of the files the state describes
+    files: dict[str, dict[str, Any]]
+    aggregates: Aggregates
+    format: int = STATE_FORMAT
+
+    @staticmethod
+    def path(ds: DatasetContext, name: str = "state.json") -> str:
+        return cv.dataset_path(ds.name, cv.EXPORT_STATE, name)
+
+    @classmethod
+    def load(cls, ds: DatasetContext) -> ExportState | None:
+        path = cls.path(ds)
+        if not ds.store.exists(path):
+            return None
+        try:
+            data = json.loads(ds.store.read_text(path))
+            if data.get("format") != STATE_FORMAT:
+                return None
+            return cls(
+                snapshot=(data["snapshot"][0], data["snapshot"][1]),
+                index_file=data["index_file"],
+                files=data["files"],
+                aggregates=Aggregates(**data["aggregates"]),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("%s: unreadable export state (%s); exports take their full path", ds, exc)
+            return None
+
+    def index(self, ds: DatasetContext) -> pa.Table:
+        data = ds.store.read_bytes(self.path(ds, self.index_file))
+        return pq.read_table(pa.BufferReader(data)).cast(INDEX_SCHEMA)
+
+    def save(self, ds: DatasetContext, index: pa.Table) -> None:
+        """The index under a new name, then the state naming it (the commit
+        point), then the previous index removed."""
+        previous = ExportState.load(ds)
+        name = f"entities-{uuid.uuid4().hex}.parquet"
+        sink = pa.BufferOutputStream()
+        pq.write_table(index.cast(INDEX_SCHEMA), sink, compression="zstd")
+        ds.store.write_bytes(self.path(ds, name), sink.getvalue().to_pybytes())
+        self.index_file = name
+        data = {**asdict(self), "snapshot": list(self.snapshot)}
+        ds.store.write_text(self.path(ds), json.dumps(data, sort_keys=True))
+        if previous is not None and previous.index_file != name:
+            ds.store.delete(self.path(ds, previous.index_file))
+
+
+def drop_state(ds: DatasetContext) -> None:
+    """Forget the state (the files it describes are being replaced by other means)."""
+    if ds.store.exists(ExportState.path(ds)):
+        ds.store.delete(ExportState.path(ds))
+
+
+def full_state(
+    ds: DatasetContext,
+    snapshot: DatasetSnapshot,
+    spark_index: pa.Table,
+    json_lengths: np.ndarray[Any, Any],
+    files: dict[str, dict[str, Any]],
+) -> None:
+    """After a full pass: the state its files and entities give (see the module docstring).
+
+    ``spark_index`` holds :data:`SPARK_INDEX_COLUMNS` per entity (any order);
+    ``json_lengths`` the byte length of each line of entities.ftm.json, in order.
+    """
+    index = spark_index.sort_by("canonical_id")
+    if index.num_rows != len(json_lengths):
+        log.warning(
+            "%s: %d entities but %d entity lines; no incremental state",
+            ds,
+            index.num_rows,
+            len(json_lengths),
+        )
+        drop_state(ds)
+        return
+    index = index.append_column("json_bytes", pa.array(json_lengths, pa.int64()))
+    index = index.select(INDEX_SCHEMA.names).cast(INDEX_SCHEMA)
+    aggregates = Aggregates()
+    aggregates.add(index)
+    aggregates.prune()
+    ExportState(snapshot.versions, "", files, aggregates).save(ds, index)
+
+
+class LineLengths:
+    """The byte length (``\n`` included) of each line of a file fed chunk by chunk
+    (8 bytes a line kept, not the file)."""
+
+    def __init__(self) -> None:
+        self._ends: list[np.ndarray[Any, Any]] = []
+        self._offset = 0
+
+    def feed(self, chunk: bytes) -> None:
+        found = np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10)
+        self._ends.append(found.astype(np.int64) + self._offset + 1)
+        self._offset += len(chunk)
+
+    def lengths(self) -> np.ndarray[Any, Any]:
+        stops = np.concatenate(self._ends) if self._ends else np.zeros(0, np.int64)
+        return np.diff(np.concatenate([np.zeros(1, np.int64), stops])).astype(np.int64)
+
+
+# --- the incremental pass -----------------------------------------------------------------
+
+
+@dataclass
+class Refreshed:
+    """What an incremental pass wrote, per kind, and what it touched."""
+
+    written: dict[str, dict[str, Any]]
+    entities_touched: int
+    bytes_carried: int
+
+
+def _changed_rows(
+    ds: DatasetContext, snapshot: DatasetSnapshot, entity_ids: Sequence[str], staging_uri: str
+) -> pa.Table:
+    """Lines and contributions of the changed entities that are still live
+    (:data:`INDEX_SCHEMA` plus ``csv`` and ``json`` text), sorted by canonical id."""
+    from pyspark.sql import functions as F
+
+    from lakehouse_assets.spark.session import get_spark
+    from lakehouse_assets.tables.spark_io import arrow_frame
+
+    if not entity_ids:  # (no ids would make live_statements read every entity)
+        return _empty_rows()
+    live = live_statements(ds, entity_ids=list(entity_ids), snapshot=snapshot)
+    if live.num_rows == 0:
+        return _empty_rows()
+    spark = get_spark(ds.settings)
+    options = dict(ds.statements_table.storage_options)
+    frame = arrow_frame(spark, live, staging_uri, options).coalesce(1)
+    origins = {f.partition_values.get(STATEMENTS_PARTITION) for f in snapshot.statements.files}
+    ordered = ftm_sql.dedupe(frame, origins=len(origins)).persist()
+    cached: list[DataFrame] = [ordered]
+    try:
+        # an entity's lines in export order: (prop, value, origin, id) within it
+        line = F.struct(*[F.col(c) for c in SORT[1:]], ftm_sql.csv_line())
+        csv = (
+            ordered.select("canonical_id", line.alias("s"))
+            .groupBy("canonical_id")
+            .agg(F.array_sort(F.collect_list("s")).alias("lines"))
+            .select(
+                "canonical_id",
+                F.concat(
+                    F.array_join(F.expr("transform(lines, x -> x.line)"), "\n"), F.lit("\n")
+                ).alias("csv"),
+            )
+            .toArrow()
+        )
+        entities = (
+            ftm_sql.entity_frame(ordered, csv_bytes=True)
+            .withColumn("pick", F.col("_pick_names").isNotNull().cast("long"))
+            .persist()
+        )
+        cached.append(entities)
+        picks = entities.where(F.col("pick") == 1).count()
+        captioned = ftm_sql.with_caption(entities, picks=picks)
+        rows = captioned.select(
+            *SPARK_INDEX_COLUMNS, F.concat(ftm_sql.entity_json(), F.lit("\n")).alias("json")
+        ).toArrow()
+    finally:
+        for frame_ in reversed(cached):
+            frame_.unpersist()
+    # both one row per entity of the same statements: side by side once sorted
+    rows, csv = rows.sort_by("canonical_id"), csv.sort_by("canonical_id")
+    if rows.column("canonical_id") != csv.column("canonical_id"):
+        raise AssertionError("the entities and their CSV lines differ in their entities")
+    rows = rows.append_column("csv", csv.column("csv"))
+    json_bytes = pc.binary_length(pc.cast(rows.column("json"), pa.binary()))
+    rows = rows.append_column("json_bytes", pc.cast(json_bytes, pa.int64()))
+    return rows.select(ROWS_SCHEMA.names).cast(ROWS_SCHEMA)
+
+
+#: The changed entities' rows: the index's columns and their lines.
+ROWS_SCHEMA = pa.schema(
+    [*INDEX_SCHEMA, pa.field("csv", pa.string()), pa.field("json", pa.string())]
+)
+
+
+def _empty_rows() -> pa.Table:
+    return ROWS_SCHEMA.empty_table()
+
+
+@dataclass
+class _Plan:
+    """The new files as a sequence of old entity ranges and new entities."""
+
+    #: ("old", first, stop) over the old index's rows, or ("new", row, 0) of the new rows
+    steps: list[tuple[str, int, int]]
+    #: old index rows replaced or deleted
+    dropped: list[int]
+
+
+def _plan(old_ids: Sequence[str], changed: Sequence[str], new_ids: Sequence[str]) -> _Plan:
+    """Walk the changed ids in order against the old index (binary search each)."""
+    new_at = {cid: row for row, cid in enumerate(new_ids)}
+    steps: list[tuple[str, int, int]] = []
+    dropped: list[int] = []
+    position = 0
+    for cid in changed:
+        at = bisect_left(old_ids, cid, lo=position)
+        if at > position:
+            steps.append(("old", position, at))
+        if at < len(old_ids) and old_ids[at] == cid:
+            dropped.append(at)
+            at += 1
+        if cid in new_at:
+            steps.append(("new", new_at[cid], 0))
+        position = at
+    if position < len(old_ids):
+        steps.append(("old", position, len(old_ids)))
+    return _Plan(steps, dropped)
+
+
+def _pump(
+    src: IO[bytes], length: int, old: Any, out: IO[bytes] | None = None, new: Any = None
+) -> None:
+    """Move ``length`` bytes on in ``src`` (hashing them as the old file's), copying
+    them to ``out`` (hashing them as the new file's) when given."""
+    while length > 0:
+        chunk = src.read(min(CHUNK, length))
+        if not chunk:
+            raise StateMismatch("the file is shorter than its state says")
+        old.update(chunk)
+        if out is not None:
+            out.write(chunk)
+            new.update(chunk)
+        length -= len(chunk)
+
+
+def _splice(
+    ds: DatasetContext,
+    path: str,
+    described: dict[str, Any],
+    head: int,
+    lengths: np.ndarray[Any, Any],
+    plan: _Plan,
+    texts: Sequence[str],
+    tmp: Path,
+) -> tuple[int, str, int]:
+    """Write the new file to ``tmp`` from the old one at ``path`` and the new lines;
+    return its size, SHA-256 and the bytes carried over from the old file.
+
+    The old file is read once, front to back, and must hash to ``described``."""
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]) + head
+    old_digest, new_digest = hashlib.sha256(), hashlib.sha256()
+    carried = 0
+    with ds.store.open_read(cv.dataset_path(ds.name, path)) as src, open(tmp, "wb") as out:
+        position = 0
+        if head:
+            _pump(src, head, old_digest, out, new_digest)
+            position = head
+            carried += head
+        for kind, first, stop in plan.steps:
+            if kind == "new":
+                data = texts[first].encode("utf-8")
+                out.write(data)
+                new_digest.update(data)
+                continue
+            start, end = int(offsets[first]), int(offsets[stop])
+            _pump(src, start - position, old_digest)  # replaced or deleted entities
+            _pump(src, end - start, old_digest, out, new_digest)
+            carried += end - start
+            position = end
+        while chunk := src.read(CHUNK):
+            old_digest.update(chunk)
+            position += len(chunk)
+        size = out.tell()
+    if position != described["size"] or old_digest.hexdigest() != described["sha256"]:
+        raise StateMismatch(f"{path} is not the file the export state describes")
+    return size, new_digest.hexdigest(), carried
+
+
+def refresh(
+    ds: DatasetContext, snapshot: DatasetSnapshot, state: ExportState, changes: Changes
+) -> Refreshed:
+    """The three exports of ``snapshot`` from the state's and the change (module docstring).
+
+    Raises :class:`StateMismatch` when a file is not the one the state
+    describes; nothing is replaced then."""
+    step = progress.Steps(log, f"export {ds.name} (incremental)")
+    for kind in (STATEMENTS_KIND, ENTITIES_KIND):
+        described = state.files.get(kind) or {}
+        full = cv.dataset_path(ds.name, described.get("path", ""))
+        if not described.get("path") or not ds.store.exists(full):
+            raise StateMismatch(f"{kind}: no file as the export state describes")
+        if ds.store.size(full) != described.get("size"):
+            raise StateMismatch(f"{described['path']} has another size than its state says")
+    staging_rel = staging.new_area(ds, "export")
+    staging_uri = ds.store.full_uri(staging_rel)
+    try:
+        index = state.index(ds)
+        rows = _changed_rows(ds, snapshot, changes.entities, staging_uri)
+        step("%d changed entities, %d still live: lines made", len(changes.entities), rows.num_rows)
+        faults.point("export.after_parts")  # as in the full pass: lines made, nothing replaced
+        old_ids = index.column("canonical_id").to_pylist()
+        new_ids = rows.column("canonical_id").to_pylist()
+        plan = _plan(old_ids, changes.entities, new_ids)
+        store = ds.store
+        tmp_dir = (
+            store.local_path(staging_rel)
+            if isinstance(store, LocalStore)
+            else staging.scratch_dir(ds.settings)
+        )
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+        header = csv_header()
+        made: dict[str, tuple[Path, int, str, int]] = {}
+        carried = 0
+        for kind, column, text, head in (
+            (STATEMENTS_KIND, "csv_bytes", "csv", len(header)),
+            (ENTITIES_KIND, "json_bytes", "json", 0),
+        ):
+            lengths = index.column(column).to_numpy(zero_copy_only=False)
+            tmp = Path(tempfile.mkstemp(prefix=f"splice-{kind}-", dir=tmp_dir)[1])
+            texts = rows.column(text).to_pylist()
+            size, sha, moved = _splice(
+                ds, state.files[kind]["path"], state.files[kind], head, lengths, plan, texts, tmp
+            )
+            made[kind] = (tmp, size, sha, moved)
+            carried += moved
+        step("files spliced (%s bytes carried over)", f"{carried:,}")
+        # the new index: old ranges and new rows in plan order (a take, no sort)
+        combined = pa.concat_tables([index, rows.select(INDEX_SCHEMA.names)])
+        take: list[np.ndarray[Any, Any]] = []
+        for kind, first, stop in plan.steps:
+            take.append(
+                np.arange(first, stop) if kind == "old" else np.array([index.num_rows + first])
+            )
+        order = np.concatenate(take) if take else np.zeros(0, np.int64)
+        new_index = combined.take(pa.array(order, pa.int64()))
+        aggregates = state.aggregates
+        aggregates.add(index.take(pa.array(plan.dropped, pa.int64())), -1)
+        aggregates.add(rows.select(INDEX_SCHEMA.names))
+        aggregates.prune()
+        counted = aggregates.statistics()
+        faults.point("export.after_splice")
+        written: dict[str, dict[str, Any]] = {}
+        common = {"mode": "incremental", "entities_touched": len(changes.entities)}
+        for kind, rows_count in (
+            (STATEMENTS_KIND, counted.statements),
+            (ENTITIES_KIND, counted.entities),
+        ):
+            tmp, size, sha, moved = made[kind]
+            path = state.files[kind]["path"]
+            store.put_file(cv.dataset_path(ds.name, path), tmp)
+            written[kind] = {
+                "rows": rows_count,
+                "path": path,
+                "size": size,
+                "sha256": sha,
+                "bytes_carried": moved,
+                **common,
+            }
+        stats = counted.dataset_stats()
+        text = ftm_sql.stats_json(stats)
+        store.write_text(cv.dataset_path(ds.name, cv.STATISTICS_JSON), text)
+        store.write_text(cv.dataset_version(ds.name, "statistics.json", cv.utcnow()), text)
+        data = text.encode("utf-8")
+        written[STATISTICS_KIND] = {
+            "rows": stats.entity_count,
+            "path": cv.STATISTICS_JSON,
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "stats": json.loads(text),
+            **common,
+        }
+        faults.point("export.before_state")
+        files = {k: {x: written[k][x] for x in ("path", "size", "sha256")} for k in made}
+        ExportState(snapshot.versions, "", files, aggregates).save(ds, new_index)
+        step("state saved")
+        return Refreshed(written, len(changes.entities), carried)
+    finally:
+        staging.remove(ds, staging_rel)
+
+
+def attempt(
+    ds: DatasetContext, kinds: frozenset[str], snapshot: DatasetSnapshot, *, force: bool = False
+) -> tuple[dict[str, dict[str, Any]] | None, str | None]:
+    """The three exports of ``snapshot`` from the last ones and the change feed
+    (:func:`refresh`), or None and why the full pass must run instead (logged)."""
+    written, reason = None, None
+    state = ExportState.load(ds)
+    if force:
+        reason = "forced"
+    elif kinds != ALL_THREE:
+        reason = "incremental exports write all three of " + ", ".join(sorted(ALL_THREE))
+    elif state is None:
+        reason = "no export state (a first export, or one older than incremental exports)"
+    else:
+        changes = changes_between(
+            ds.changes_table, ds.translog_table, state.snapshot[1], snapshot.versions[1]
+        )
+        entities = sum(v[0] for v in state.aggregates.schemas.values())
+        if changes.gap is not None:
+            reason = f"change feed: {changes.gap}"
+        elif entities >= SHARE_FROM and len(changes.entities) > MAX_CHANGED_SHARE * entities:
+            reason = (
+                f"{len(changes.entities)} of {entities} entities changed: a full pass is cheaper"
+            )
+        else:
+            try:
+                refreshed = refresh(ds, snapshot, state, changes)
+            except StateMismatch as exc:
+                reason = str(exc)
+            else:
+                progress.stage(
+                    "export %s: incremental, %d entities touched, %s bytes carried over",
+                    ds.name,
+                    refreshed.entities_touched,
+                    f"{refreshed.bytes_carried:,}",
+                )
+                return refreshed.written, None
+    log.info("%s: full export: %s", ds.name, reason)
+    progress.stage("export %s: full pass (%s)", ds.name, reason)
+    return written, reason

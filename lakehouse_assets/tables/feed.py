@@ -1,0 +1,126 @@
+"""The flush's change feed: which statements each translog version made live or dead.
+
+Every flush batch commits its translog rewrite (one translog version), then,
+under the same lock fence, one commit to ``entities/changes``
+(:data:`~.schemas.CHANGES_SCHEMA`): a ``version`` row saying the version is
+covered, and a row per statement the batch wrote (``live``: new, or written
+again so its seen range moved) or deleted (``dead``), with its entity's
+canonical id. A reader that wants what changed between two translog versions
+(:func:`changes_between`) gets the union of their rows, or a gap: a version
+with no ``version`` row that changed data was made by something else (a
+compaction), by
+a flush that died between its two commits (its rerun commits a later version
+that is covered), or before the lake had a feed. A gap is not an error: the
+reader takes its full path, and says why.
+
+The first version of a translog (a dataset's first flush) is not recorded:
+no reader can have seen an earlier one, and its rows are every statement.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakehouse_assets.tables.delta import DeltaLocation
+from lakehouse_assets.tables.schemas import CHANGES_SCHEMA
+from lakehouse_assets.tables.snapshot import Snapshot, _commit_file, arrow_dataset
+
+#: the ``change`` values of the feed's rows
+VERSION, LIVE, DEAD = "version", "live", "dead"
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What changed between two translog versions, or why that is not known."""
+
+    #: canonical ids of the entities with a statement made live or dead (sorted)
+    entities: tuple[str, ...] = ()
+    #: statements made live / dead (rows of the feed)
+    live: int = 0
+    dead: int = 0
+    #: why the change is not known (the caller takes its full path); None if known
+    gap: str | None = None
+
+
+def changes_between(
+    changes: DeltaLocation, translog: DeltaLocation, since: int | None, until: int | None
+) -> Changes:
+    """The entities changed by translog versions ``since`` (excluded) to ``until``.
+
+    ``since`` is the version a previous result was built from; every version
+    after it up to ``until`` must be covered by the feed or change no data
+    (:func:`changes_no_data`: a published version's commit, an optimize), or
+    the answer is a gap with its reason.
+    """
+    if since is None or until is None:
+        return Changes(gap="no earlier translog version to start from")
+    if until < since:
+        return Changes(gap=f"translog version {until} is older than {since}")
+    if until == since:
+        return Changes()
+    snapshot = Snapshot.load(changes)
+    if snapshot.version is None:
+        return Changes(gap="the lake has no change feed yet (written by flushes since issue 34)")
+    window = (pc.field("translog_version") > since) & (pc.field("translog_version") <= until)
+    rows = arrow_dataset(snapshot.files, CHANGES_SCHEMA, changes.storage_options).to_table(
+        columns=["translog_version", "change", "canonical_id"], filter=window
+    )
+    kind = rows.column("change")
+    covered = set(rows.filter(pc.equal(kind, VERSION)).column("translog_version").to_pylist())
+    missing = [
+        v
+        for v in range(since + 1, until + 1)
+        if v not in covered and not changes_no_data(translog, v)
+    ]
+    if missing:
+        shown = ", ".join(str(v) for v in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        return Changes(
+            gap=f"translog version(s) {shown} not in the change feed (a compaction, or "
+            "a flush that died before recording its change)"
+        )
+    stmts = rows.filter(pc.not_equal(kind, VERSION))
+    ids = pc.unique(stmts.column("canonical_id").combine_chunks().drop_null())
+    return Changes(
+        entities=tuple(sorted(ids.to_pylist())),
+        live=int(pc.sum(pc.equal(stmts.column("change"), LIVE)).as_py() or 0),
+        dead=int(pc.sum(pc.equal(stmts.column("change"), DEAD)).as_py() or 0),
+    )
+
+
+def changes_no_data(location: DeltaLocation, version: int) -> bool:
+    """True if a commit adds and removes no data: only app transactions (a published
+    version's commit, :mod:`lakehouse_assets.versions`), or files rewritten with
+    ``dataChange`` false (optimize). Read from the commit's own log entry; an
+    entry that is gone (log clean-up) or unreadable counts as a change."""
+    fs, path = _commit_file(location, version)
+    try:
+        with fs.open_input_stream(path) as src:
+            lines = src.read().decode("utf-8").splitlines()
+        for line in lines:
+            action = json.loads(line) if line.strip() else {}
+            for kind in ("add", "remove"):
+                if kind in action and action[kind].get("dataChange", True):
+                    return False
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def version_row(translog_version: int, statements_version: int | None, flush_id: str) -> pa.Table:
+    """The row that says a translog version is covered by the feed."""
+    return pa.table(
+        {
+            "translog_version": [translog_version],
+            "statements_version": [statements_version],
+            "flush_id": [flush_id],
+            "change": [VERSION],
+            "origin": [None],
+            "id": [None],
+            "canonical_id": [None],
+        },
+        schema=CHANGES_SCHEMA,
+    )
