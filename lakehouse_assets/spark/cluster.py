@@ -36,7 +36,7 @@ from pathlib import Path
 from lakehouse_assets.errors import ConfigurationError
 from lakehouse_assets.locks import pid_alive, process_start
 from lakehouse_assets.settings import Settings
-from lakehouse_assets.spark.connect import _private_dir, _write_properties, answers, log4j_config
+from lakehouse_assets.spark.daemons import _private_dir, _write_properties, answers, log4j_config
 from lakehouse_assets.spark.java import require_java
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"

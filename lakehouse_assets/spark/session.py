@@ -73,7 +73,8 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     """The configuration of an in-process Spark."""
     from lakehouse_assets.spark.cds import java_options
     from lakehouse_assets.spark.cluster import session_conf
-    from lakehouse_assets.spark.connect import is_loopback, local_auth, log4j_config
+    from lakehouse_assets.spark.connect import is_loopback, local_auth
+    from lakehouse_assets.spark.daemons import log4j_config
 
     scratch = scratch_dir(settings)
     local = settings.spark_master.startswith("local")
@@ -256,12 +257,12 @@ def _connect(settings: Settings) -> SparkSession:
     from pyspark.sql import SparkSession
 
     from lakehouse_assets.spark.connect import (
-        answers,
         authenticated_url,
         is_loopback,
         require_current_code,
         token_file,
     )
+    from lakehouse_assets.spark.daemons import answers
 
     url = str(settings.spark_remote)
     parsed = urlparse(url.replace("sc://", "http://", 1))
