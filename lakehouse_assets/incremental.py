@@ -603,7 +603,13 @@ def attempt(
         reason = "no export state (a first export, or one older than incremental exports)"
     else:
         changes = changes_between(
-            ds.changes_table, ds.translog_table, state.snapshot[1], snapshot.versions[1]
+            ds.changes_table,
+            ds.translog_table,
+            state.snapshot[1],
+            snapshot.versions[1],
+            statements=ds.statements_table,
+            statements_since=state.snapshot[0],
+            statements_until=snapshot.versions[0],
         )
         entities = sum(v[0] for v in state.aggregates.schemas.values())
         if changes.gap is not None:

@@ -47,14 +47,25 @@ class Changes:
 
 
 def changes_between(
-    changes: DeltaLocation, translog: DeltaLocation, since: int | None, until: int | None
+    changes: DeltaLocation,
+    translog: DeltaLocation,
+    since: int | None,
+    until: int | None,
+    *,
+    statements: DeltaLocation | None = None,
+    statements_since: int | None = None,
+    statements_until: int | None = None,
 ) -> Changes:
     """The entities changed by translog versions ``since`` (excluded) to ``until``.
 
     ``since`` is the version a previous result was built from; every version
     after it up to ``until`` must be covered by the feed or change no data
     (:func:`changes_no_data`: a published version's commit, an optimize), or
-    the answer is a gap with its reason.
+    the answer is a gap with its reason. With ``statements`` the same holds for
+    the statements table's versions ``statements_since`` (excluded) to
+    ``statements_until``: each must be one a recorded flush published, or change
+    no data; a commit by another writer (a delta-rs ``delete()``, say) changes
+    rows no flush recorded, so it is a gap.
     """
     if since is None or until is None:
         return Changes(gap="no earlier translog version to start from")
@@ -67,7 +78,8 @@ def changes_between(
         return Changes(gap="the lake has no change feed yet (written by flushes since issue 34)")
     window = (pc.field("translog_version") > since) & (pc.field("translog_version") <= until)
     rows = arrow_dataset(snapshot.files, CHANGES_SCHEMA, changes.storage_options).to_table(
-        columns=["translog_version", "change", "canonical_id"], filter=window
+        columns=["translog_version", "statements_version", "change", "canonical_id"],
+        filter=window,
     )
     kind = rows.column("change")
     covered = set(rows.filter(pc.equal(kind, VERSION)).column("translog_version").to_pylist())
@@ -82,6 +94,19 @@ def changes_between(
             gap=f"translog version(s) {shown} not in the change feed (a compaction, or "
             "a flush that died before recording its change)"
         )
+    if statements is not None and statements_since is not None and statements_until is not None:
+        made = set(rows.column("statements_version").to_pylist())
+        foreign = [
+            v
+            for v in range(statements_since + 1, statements_until + 1)
+            if v not in made and not changes_no_data(statements, v)
+        ]
+        if foreign:
+            shown = ", ".join(str(v) for v in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+            return Changes(
+                gap=f"statements table version(s) {shown} not made by a recorded flush "
+                "(a commit by another writer)"
+            )
     stmts = rows.filter(pc.not_equal(kind, VERSION))
     ids = pc.unique(stmts.column("canonical_id").combine_chunks().drop_null())
     return Changes(
