@@ -181,11 +181,7 @@ class Dataset(DatasetContext):
         follow_symlinks: bool = True,
         **kwargs: Any,
     ) -> FileMeta:
-        """Archive a file; optionally write its Document entity to the journal.
-
-        With ``follow_symlinks=False`` (the CLI's default) a local path that is
-        a symlink is refused: naming a link archives what it points at.
-        """
+        """Archive a file (see :func:`lakehouse_assets.crawl.archive_file`)."""
         from lakehouse_assets.crawl import archive_file
 
         return archive_file(

@@ -83,28 +83,18 @@ def changes_between(
     )
     kind = rows.column("change")
     covered = set(rows.filter(pc.equal(kind, VERSION)).column("translog_version").to_pylist())
-    missing = [
-        v
-        for v in range(since + 1, until + 1)
-        if v not in covered and not changes_no_data(translog, v)
-    ]
+    missing = _unaccounted(translog, since, until, covered)
     if missing:
-        shown = ", ".join(str(v) for v in missing[:5]) + (" ..." if len(missing) > 5 else "")
         return Changes(
-            gap=f"translog version(s) {shown} not in the change feed (a compaction, or "
+            gap=f"translog version(s) {missing} not in the change feed (a compaction, or "
             "a flush that died before recording its change)"
         )
     if statements is not None and statements_since is not None and statements_until is not None:
         made = set(rows.column("statements_version").to_pylist())
-        foreign = [
-            v
-            for v in range(statements_since + 1, statements_until + 1)
-            if v not in made and not changes_no_data(statements, v)
-        ]
+        foreign = _unaccounted(statements, statements_since, statements_until, made)
         if foreign:
-            shown = ", ".join(str(v) for v in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
             return Changes(
-                gap=f"statements table version(s) {shown} not made by a recorded flush "
+                gap=f"statements table version(s) {foreign} not made by a recorded flush "
                 "(a commit by another writer)"
             )
     stmts = rows.filter(pc.not_equal(kind, VERSION))
@@ -114,6 +104,17 @@ def changes_between(
         live=int(pc.sum(pc.equal(stmts.column("change"), LIVE)).as_py() or 0),
         dead=int(pc.sum(pc.equal(stmts.column("change"), DEAD)).as_py() or 0),
     )
+
+
+def _unaccounted(location: DeltaLocation, since: int, until: int, known: set[int]) -> str:
+    """The versions ``since`` (excluded) to ``until`` of a table that are neither
+    in ``known`` nor free of data changes, shown (the first five); empty if none."""
+    versions = [
+        v
+        for v in range(since + 1, until + 1)
+        if v not in known and not changes_no_data(location, v)
+    ]
+    return ", ".join(str(v) for v in versions[:5]) + (" ..." if len(versions) > 5 else "")
 
 
 def changes_no_data(location: DeltaLocation, version: int) -> bool:
