@@ -226,6 +226,11 @@ VERSIONS: Final = "versions"
 CHANGES: Final = ".changes"
 
 
+#: The Dagster dynamic partitions of the datasets (one per dataset, by name):
+#: named here so the CLI can delete a deleted dataset's partition too.
+DAGSTER_PARTITIONS: Final = "datasets"
+
+
 def change_marker(dataset: str) -> str:
     """``.changes/{dataset}``: its write time and fingerprint move with the dataset's tags."""
     return f"{CHANGES}/{dataset_name(dataset)}"

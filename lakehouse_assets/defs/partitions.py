@@ -14,7 +14,7 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import DatasetNotFoundError
 from lakehouse_assets.lake import Dataset, Lakehouse
 
-DATASETS: Final = "datasets"
+DATASETS: Final = cv.DAGSTER_PARTITIONS
 
 #: Filled by the ``new_datasets`` sensor from the lake's catalog, never by hand.
 datasets = dg.DynamicPartitionsDefinition(name=DATASETS)
