@@ -8,7 +8,10 @@ leaves, as the daemon runs them:
 
 - first: the first tick (every dataset is new to the sensor);
 - quiet: median of ``--ticks`` ticks with nothing new;
-- changed: a tick after 10 datasets were written to (one of them a new file).
+- changed: a tick after 10 datasets were written to (a journal tag and a queue
+  item pushed each; one of them a new file).
+
+``--sensors a,b`` times only those sensors (e.g. ``--sensors queue_items``).
 
 ``--files N`` instead archives N files into one dataset of 21 (the older
 benchmark: the archive sensor's listing of one big archive).
@@ -68,7 +71,19 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=0, help="the one-big-archive benchmark")
     parser.add_argument("--ticks", type=int, default=5)
     parser.add_argument("--s3", action="store_true", help="also on a loopback moto_server")
+    parser.add_argument("--local", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--sensors",
+        default="",
+        help="comma-separated sensor names to time (default: all of them)",
+    )
     args = parser.parse_args()
+    if args.sensors:
+        chosen = set(args.sensors.split(","))
+        unknown = chosen - {s.name for s in SENSORS}
+        if unknown:
+            parser.error(f"unknown sensor(s) {sorted(unknown)}")
+        SENSORS[:] = [s for s in SENSORS if s.name in chosen]
     work = Path(tempfile.mkdtemp(prefix="lakehouse-bench-sensors-"))
     (work / "src").mkdir()
     # the archived files are read from here (the file-access policy's roots)
@@ -77,9 +92,9 @@ def main() -> None:
         if args.files:
             many_files(work, args.files, args.ticks)
             return
-        lakes: list[tuple[str, Callable[[], contextlib.AbstractContextManager[Lakehouse]]]] = [
-            ("local", lambda: contextlib.nullcontext(local_lake(work)))
-        ]
+        lakes: list[tuple[str, Callable[[], contextlib.AbstractContextManager[Lakehouse]]]] = []
+        if args.local:
+            lakes.append(("local", lambda: contextlib.nullcontext(local_lake(work))))
         if args.s3:
             lakes.append(("s3", lambda: s3_lake(work)))
         print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores")
@@ -198,6 +213,7 @@ def ticks(lake: Lakehouse, names: list[str], quiet_ticks: int) -> Iterator[tuple
         step = max(1, len(names) // CHANGED)
         for name in names[::step][:CHANGED]:
             Tags(lake.store, name).touch(cv.JOURNAL_LAST_UPDATED)
+            lake.dataset(name).queue.push("DELETE", "entity", {"entity_id": "p1"})
         lake.dataset(names[-1]).add_file(str(_source(lake, "a new memo")))
         for sensor in SENSORS:
             changed, _ = tick(instance, resource, sensor, cursors[sensor.name])

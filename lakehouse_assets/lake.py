@@ -191,6 +191,7 @@ class Lakehouse:
         removed = self.store.delete_many(files)
         self.store.delete(config)
         self.store.delete(cv.change_marker(ds.name))
+        self.store.delete(cv.queue_marker(ds.name))
         rows = self.journal.clear(ds.name)
         self.store.delete(lock.path)  # the lock last: no writer started meanwhile
         self.store.remove_empty_folders(cv.dataset_path(ds.name))

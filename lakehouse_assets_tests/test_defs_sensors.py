@@ -264,7 +264,9 @@ def test_datasets_delete_removes_the_folder_and_the_partition(
     memo = tmp_path / "memo.txt"
     memo.write_text("a memo")
     ds.add_file(str(memo))
+    ds.queue.push("DELETE", "entity", {"entity_id": "p2"})
     assert lake.store.exists(cv.change_marker("gone"))
+    assert lake.store.exists(cv.queue_marker("gone"))
     files = list(lake.store.list("gone/"))
     rows = lake.journal.count("gone")
     assert rows > 0
@@ -303,6 +305,7 @@ def test_datasets_delete_removes_the_folder_and_the_partition(
     assert lake.datasets() == ["stays"]
     assert lake.journal.count("gone") == 0
     assert not lake.store.exists(cv.change_marker("gone"))
+    assert not lake.store.exists(cv.queue_marker("gone"))
     catalog = lake.store.read_text(cv.CATALOG_INDEX)
     assert '"stays"' in catalog and '"gone"' not in catalog
     for key, value in lakehouse_env(lake).items():  # the S3 lake's endpoint and keys
