@@ -82,6 +82,19 @@ def part(name: str) -> Iterator[None]:
                 p._inner[-1] += took
 
 
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """No progress lines from what runs inside (a step the person did not ask
+    for, e.g. the Spark server's warm-up, says what it does in one line of its
+    own instead); warnings still show."""
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def parts_line(parts: dict[str, float]) -> str:
     """``spark start 12.3 s, flush 4.0 s, ...``: the parts in the order they ran."""
     return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in parts.items())
