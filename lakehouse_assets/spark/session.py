@@ -326,14 +326,50 @@ def runs_elsewhere(spark: SparkSession, settings: Settings) -> bool:
         from lakehouse_assets.spark.connect import is_loopback
 
         url = remote_url(settings) or ""
-        host = urlparse(url.replace("sc://", "http://", 1)).hostname or ""
+        parsed = urlparse(url.replace("sc://", "http://", 1))
         master = str(spark.conf.get("spark.master", "local[*]"))
-        value = not (is_loopback(host) and master.startswith("local"))
+        local = is_loopback(parsed.hostname or "") and master.startswith("local")
+        value = not (local and _server_sees_this_disk(spark, settings, parsed.port or 15002))
     else:
         value = not str(spark.sparkContext.master).startswith("local")
     with contextlib.suppress(AttributeError):
         spark._lakehouse_elsewhere = value  # type: ignore[attr-defined]
     return value
+
+
+def _server_sees_this_disk(spark: SparkSession, settings: Settings, port: int) -> bool:
+    """Whether a local-mode Connect server at a loopback address runs on this machine.
+
+    A server this cache folder started is (its process is ours). Any other
+    loopback address may be a tunnel (``ssh -L``) to a server on another
+    machine, whose tasks would fail deep in a job on a SQLite journal or a
+    local lake they cannot open, and which lacks this package: so the server
+    is asked, once per session, to read a file just written here (a plain
+    text read, no Python on the server); a server that cannot is taken as
+    one elsewhere (the code is shipped, the journal read by this process)."""
+    from lakehouse_assets.spark.connect import status
+    from lakehouse_assets.spark.daemons import _private_dir
+
+    if status(settings, port).running:
+        return True
+    folder = _private_dir(settings.cache_path / "probes")
+    token = uuid.uuid4().hex
+    probe = folder / f"connect-{token}"
+    probe.write_text(token)
+    try:
+        rows = spark.read.text(probe.as_uri()).collect()
+    except Exception as exc:  # the server's own error: not found there, or unreadable
+        logging.getLogger(__name__).info(
+            "the Spark Connect server at 127.0.0.1:%s cannot read %s (%s): taken as a "
+            "server on another machine",
+            port,
+            probe,
+            _first_line(exc),
+        )
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+    return [r[0] for r in rows] == [token]
 
 
 def _first_line(exc: BaseException) -> str:
