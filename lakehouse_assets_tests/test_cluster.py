@@ -28,6 +28,7 @@ from lakehouse_assets import Lakehouse, Settings
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import ConfigurationError
 from lakehouse_assets.locks import pid_alive
+from lakehouse_assets.spark.session import stages_line
 from lakehouse_assets_tests.conftest import (
     SPARK_MODE,
     cli_args,
@@ -252,16 +253,34 @@ def test_an_executor_killed_mid_flush_and_mid_export_loses_nothing(
                     return
             time.sleep(0.05)
 
+    lines: list[str] = []
+
+    def watch(stop: threading.Event) -> None:
+        """The progress line (spark.session.stages_line) of every sample of the run."""
+        while not stop.is_set():
+            infos = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+            stages = [
+                (i.numCompletedTasks, i.numTasks, i.numActiveTasks, i.numFailedTasks)
+                for i in infos
+                if i is not None
+            ]
+            if stages:
+                lines.append(stages_line(stages))
+            time.sleep(0.05)
+
     def disturbed(step):  # type: ignore[no-untyped-def]
         stop = threading.Event()
         killer = threading.Thread(target=kill_when_busy, args=(stop,), daemon=True)
+        watcher = threading.Thread(target=watch, args=(stop,), daemon=True)
         killed.clear()
         killer.start()
+        watcher.start()
         try:
             return step()
         finally:
             stop.set()
             killer.join()
+            watcher.join()
 
     result = disturbed(ds.flush)
     assert killed, "no executor was killed: the flush ran no task"
@@ -276,6 +295,9 @@ def test_an_executor_killed_mid_flush_and_mid_export_loses_nothing(
     exported = _export_bytes(ds)
     ds.export(["statements"], force=True)
     assert _export_bytes(ds) == exported
+    # the progress shown while tasks were lost and rerun never counts more than there are
+    counts = [line.split(" tasks", 1)[0].split("/") for line in lines]
+    assert counts and all(int(done) <= int(total) for done, total in counts)
 
 
 def _export_bytes(ds) -> bytes:  # type: ignore[no-untyped-def]

@@ -131,6 +131,21 @@ class _Throttle:
             progress.log.info("spark: %s", text)
 
 
+def stages_line(stages: list[tuple[int, int, int, int]]) -> str:
+    """The progress line for running stages given as (done, total, running, failed).
+
+    Spark counts a task again when it reruns it (an executor lost, a stage
+    attempt resubmitted), so a stage's completions can exceed its tasks
+    (``6/2 tasks``): each stage's count is capped at its tasks, and the
+    reruns are named instead."""
+    done = sum(min(d, t) for d, t, _, _ in stages)
+    total = sum(t for _, t, _, _ in stages)
+    running = sum(r for _, _, r, _ in stages)
+    failed = sum(f for _, _, _, f in stages)
+    line = f"{done}/{total} tasks of {len(stages)} stage(s), {running} running"
+    return line + (f", {failed} failed and retried" if failed else "")
+
+
 def watch_spark(spark: SparkSession) -> None:
     """Report Spark's running stages (tasks done / total) on the progress logger
     while this process lives; once per session."""
@@ -149,12 +164,13 @@ def watch_spark(spark: SparkSession) -> None:
         def handler(stages: Any = None, inflight_tasks: int = 0, **_: Any) -> None:
             if not stages:
                 return
-            done = sum(int(getattr(s, "num_completed_tasks", 0)) for s in stages)
-            total = sum(int(getattr(s, "num_tasks", 0)) for s in stages)
-            if total:
-                throttle(
-                    f"{done}/{total} tasks of {len(stages)} stage(s), {inflight_tasks} running"
-                )
+            counts = [
+                (int(getattr(s, "num_completed_tasks", 0)), int(getattr(s, "num_tasks", 0)), 0, 0)
+                for s in stages
+            ]
+            if any(total for _, total, _, _ in counts):
+                counts[0] = (*counts[0][:2], inflight_tasks, 0)
+                throttle(stages_line(counts))
 
         register(handler)
         return
@@ -168,10 +184,14 @@ def watch_spark(spark: SparkSession) -> None:
                 return
             running = [i for i in infos if i is not None]
             if running:
-                done = sum(i.numCompletedTasks for i in running)
-                total = sum(i.numTasks for i in running)
-                active = sum(i.numActiveTasks for i in running)
-                throttle(f"{done}/{total} tasks of {len(running)} stage(s), {active} running")
+                throttle(
+                    stages_line(
+                        [
+                            (i.numCompletedTasks, i.numTasks, i.numActiveTasks, i.numFailedTasks)
+                            for i in running
+                        ]
+                    )
+                )
             time.sleep(1.0)
 
     threading.Thread(target=poll, name="lakehouse-spark-progress", daemon=True).start()
