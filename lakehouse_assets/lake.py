@@ -264,7 +264,9 @@ class Dataset(DatasetContext):
         """Bulk-write FtM JSON lines (validated in parallel); all or nothing.
 
         ``progress`` is called with the number of input lines of each chunk.
-        Returns the finished writer (``.entities`` and ``.count`` statements).
+        Returns the finished writer (``.entities``, ``.count`` statements and
+        ``.notes``: values followthemoney's cleaning dropped, per property, and
+        entity fields not kept).
         """
         from lakehouse_assets.ingest import convert_lines
 
@@ -279,9 +281,14 @@ class Dataset(DatasetContext):
                 copy_for=bulk.write if self.journal.takes_copy else None,
             ):
                 if result.copy is not None:
-                    bulk.add_copy(result.copy, count=result.count, entities=result.entities)
+                    bulk.add_copy(
+                        result.copy,
+                        count=result.count,
+                        entities=result.entities,
+                        notes=result.notes,
+                    )
                 else:
-                    bulk.add_rows(result.rows, entities=result.entities)
+                    bulk.add_rows(result.rows, entities=result.entities, notes=result.notes)
                 if progress is not None:
                     progress(result.lines)
         return bulk
