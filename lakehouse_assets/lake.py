@@ -248,9 +248,13 @@ class Dataset(DatasetContext):
     def add_entity(
         self, entity: EntityProxy | dict[str, Any], origin: str = cv.DEFAULT_ORIGIN
     ) -> int:
-        """Validate an entity and write its statements; returns their number."""
+        """Validate an entity and write its statements; returns their number (what
+        it carried that is not stored as given is logged: :attr:`BulkWriter.notes`)."""
         with self.bulk(origin) as bulk:
-            return bulk.add_entity(entity)
+            count = bulk.add_entity(entity)
+        if bulk.notes:
+            log.warning("%s: entity written; %s", self.name, bulk.notes.describe())
+        return count
 
     def write_entities(
         self,

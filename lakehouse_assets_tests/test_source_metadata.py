@@ -189,11 +189,19 @@ def test_a_queued_entity_s_dropped_values_are_in_the_job_record(local_lake: Lake
     ],
 )
 def test_only_what_is_lost_is_reported(
-    local_lake: Lakehouse, extra: dict[str, Any], kept: dict[str, int]
+    local_lake: Lakehouse,
+    extra: dict[str, Any],
+    kept: dict[str, int],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The write's own dataset and origin, no referents, target false: nothing lost."""
+    """The write's own dataset and origin, no referents, target false: nothing lost.
+    ``Dataset.add_entity``, which answers a count, logs what was not kept."""
     ds = local_lake.create_dataset("sanctioned")
     entity = {"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}, **extra}
     with ds.bulk(origin="opensanctions") as bulk:
         bulk.add_entity(entity)
     assert bulk.notes.as_dict() == {"dropped_values": {}, "fields_not_kept": kept}
+    with caplog.at_level("WARNING", logger="lakehouse_assets.lake"):
+        ds.add_entity(entity, origin="opensanctions")
+    logged = [r.getMessage() for r in caplog.records if r.name == "lakehouse_assets.lake"]
+    assert logged == ([f"sanctioned: entity written; {bulk.notes.describe()}"] if kept else [])
