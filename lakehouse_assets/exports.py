@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from lakehouse_assets.context import DatasetContext
+    from lakehouse_assets.flush import FlushResult
 
 
 @dataclass
@@ -506,18 +507,10 @@ def export_statistics(ds: DatasetContext, force: bool = False) -> ExportResult:
 
 
 def make(ds: DatasetContext, force: bool = False) -> ExportResult:
-    """Flush if needed; the graph index, if the dataset has one, brought up to date;
-    then every export that is not fresh, then index.json (publishing a version
-    that records the graph index, current)."""
-    from lakehouse_assets import graph
-
-    flushed = None
-    updated = None
-    if graph.GraphState.load(ds) is not None:
-        # the index first, so the version published below records it current
-        flushed = flush_for_reading(ds, wait=ds.settings.lock_wait_seconds).result
-        progress.stage("make %s: updating the graph index", ds.name)
-        updated = graph.update(ds).as_dict()
+    """Flush if needed; the graph index built or brought up to date
+    (:func:`make_graph`); then every export that is not fresh, then index.json
+    (publishing a version that records the graph index, current)."""
+    flushed, updated = make_graph(ds)
     result = export(ds, [STATEMENTS, ENTITIES, STATISTICS, INDEX], force)
     result.graph = updated
     if result.flushed is None and flushed is not None:
@@ -530,6 +523,25 @@ def make(ds: DatasetContext, force: bool = False) -> ExportResult:
         f"; published version {version['sequence']}" if version.get("sequence") else "",
     )
     return result
+
+
+def make_graph(ds: DatasetContext) -> tuple[FlushResult | None, dict[str, Any] | None]:
+    """``make``'s graph step: flush, then build the graph index (the first time) or
+    bring it up to date; returns the flush's result and the index's (None and
+    None while the dataset has no tables: nothing to index).
+
+    Before this, ``make`` only updated an index someone had built: after a
+    first ``make``, ``refs`` and ``neighbours`` still said "run graph update".
+    The index comes first, so the version published after it records it current.
+    """
+    from lakehouse_assets import graph
+
+    flushed = flush_for_reading(ds, wait=ds.settings.lock_wait_seconds).result
+    if ds.snapshot().statements.version is None:
+        return flushed, None
+    built = graph.GraphState.load(ds) is not None
+    progress.stage("make %s: %s the graph index", ds.name, "updating" if built else "building")
+    return flushed, graph.update(ds).as_dict()
 
 
 #: Graph exports (see :mod:`lakehouse_assets.graph.exports`): listed in index.json
