@@ -52,6 +52,7 @@ from followthemoney.dataset.resource import DataResource
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, incremental, progress, staging
+from lakehouse_assets.errors import LockedError
 from lakehouse_assets.flush import flush_for_reading
 from lakehouse_assets.freshness import (  # the export kinds and their rule live there
     ENTITIES,
@@ -533,15 +534,24 @@ def make_graph(ds: DatasetContext) -> tuple[FlushResult | None, dict[str, Any] |
     Before this, ``make`` only updated an index someone had built: after a
     first ``make``, ``refs`` and ``neighbours`` still said "run graph update".
     The index comes first, so the version published after it records it current.
+
+    While another writer holds the dataset's lock, the step is skipped (its
+    ``skipped`` says why) and the exports go on with the current snapshot, as
+    a reader's flush does: ``make`` never fails because a writer is busy.
     """
     from lakehouse_assets import graph
 
-    flushed = flush_for_reading(ds, wait=ds.settings.lock_wait_seconds).result
+    reader = flush_for_reading(ds, wait=ds.settings.lock_wait_seconds)
+    if reader.locked_by is not None:
+        return None, {"skipped": f"the dataset's lock is held: {reader.locked_by}"}
     if ds.snapshot().statements.version is None:
-        return flushed, None
+        return reader.result, None
     built = graph.GraphState.load(ds) is not None
     progress.stage("make %s: %s the graph index", ds.name, "updating" if built else "building")
-    return flushed, graph.update(ds).as_dict()
+    try:
+        return reader.result, graph.update(ds).as_dict()
+    except LockedError as exc:  # taken since the flush (a compact, say)
+        return reader.result, {"skipped": f"the dataset's lock is held: {exc}"}
 
 
 #: Graph exports (see :mod:`lakehouse_assets.graph.exports`): listed in index.json

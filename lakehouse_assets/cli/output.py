@@ -94,6 +94,8 @@ def _report(result: Any, as_json: bool = False) -> None:
 
 def _graph_line(graph: dict[str, Any]) -> str:
     """``make``'s graph step: what it did to the index, and its time."""
+    if graph.get("skipped"):
+        return f"graph      index not updated ({graph['skipped']})"
     done = "built" if graph.get("mode") == "rebuild" else "updated"
     return (
         f"graph      index {done}: {graph.get('edges', 0):,} edges "
