@@ -97,6 +97,10 @@ class ExportResult:
     seconds: float = 0.0
     #: leftovers of killed exports removed by this one
     cleaned: dict[str, int] = field(default_factory=dict)
+    #: where the time went, by part (``spark start``, ``flush``, ``graph``,
+    #: ``exports``, ``index``; the CLI adds ``startup`` and ``other``): each
+    #: part's own seconds, so they add up to at most ``seconds``
+    parts: dict[str, float] = field(default_factory=dict)
     #: how the written exports were made: ``incremental`` (from the last ones and
     #: the change feed) or ``full``, and why not incremental (None if it was)
     mode: str | None = None
@@ -110,6 +114,7 @@ class ExportResult:
             "pending": self.pending,
             "snapshot": list(self.snapshot),
             "seconds": round(self.seconds, 3),
+            **({"parts": self.parts} if self.parts else {}),
             "cleaned": self.cleaned,
             "mode": self.mode,
             "reason": self.reason,
@@ -246,6 +251,7 @@ def _assemble(
     return _Written(target, size, digest.hexdigest())
 
 
+@progress.part("exports")
 def _run_pass(
     ds: DatasetContext, kinds: frozenset[str], snapshot: DatasetSnapshot
 ) -> dict[str, dict[str, Any]]:
@@ -511,16 +517,22 @@ def make(ds: DatasetContext, force: bool = False) -> ExportResult:
     """Flush if needed; the graph index built or brought up to date
     (:func:`make_graph`); then every export that is not fresh, then index.json
     (publishing a version that records the graph index, current)."""
-    flushed, updated = make_graph(ds)
-    result = export(ds, [STATEMENTS, ENTITIES, STATISTICS, INDEX], force)
+    clock = time.monotonic()
+    with progress.collect() as parts:
+        flushed, updated = make_graph(ds)
+        result = export(ds, [STATEMENTS, ENTITIES, STATISTICS, INDEX], force)
     result.graph = updated
     if result.flushed is None and flushed is not None:
         result.flushed = flushed.as_dict()
+    # the whole of make (the graph index included), not the export pass alone
+    result.seconds = time.monotonic() - clock
+    result.parts = parts.rounded()
     version = (result.written.get(INDEX) or {}).get("version") or {}
     progress.stage(
-        "make %s: done in %.1f s%s",
+        "make %s: done in %.1f s (%s)%s",
         ds.name,
         result.seconds,
+        progress.parts_line(result.parts) or "nothing to do",
         f"; published version {version['sequence']}" if version.get("sequence") else "",
     )
     return result
@@ -549,7 +561,8 @@ def make_graph(ds: DatasetContext) -> tuple[FlushResult | None, dict[str, Any] |
     built = graph.GraphState.load(ds) is not None
     progress.stage("make %s: %s the graph index", ds.name, "updating" if built else "building")
     try:
-        return reader.result, graph.update(ds).as_dict()
+        with progress.part("graph"):
+            return reader.result, graph.update(ds).as_dict()
     except LockedError as exc:  # taken since the flush (a compact, say)
         return reader.result, {"skipped": f"the dataset's lock is held: {exc}"}
 
@@ -611,6 +624,7 @@ def _resource_of(
     return {**resource.model_dump(mode="json", exclude_none=True), "path": path}
 
 
+@progress.part("index")
 def export_index(
     ds: DatasetContext,
     built: datetime | None = None,
