@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from followthemoney.statement import Statement
 
     from lakehouse_assets.context import DatasetContext
+    from lakehouse_assets.entities import InputNotes
 
 
 class BulkWriter:
@@ -43,6 +44,9 @@ class BulkWriter:
         self.write = Write.new(dataset.tenant)
         self.count = 0
         self.entities = 0
+        #: values followthemoney's cleaning dropped and entity fields not kept,
+        #: made on first use (followthemoney is imported where an entity is made)
+        self._notes: InputNotes | None = None
         self._rows: list[Row] = []
         self._conn: Connection | None = None
         self._tx: RootTransaction | None = None
@@ -62,12 +66,23 @@ class BulkWriter:
         self.journal.insert_rows(self._connection(), self._rows, self.write)
         self._rows = []
 
+    @property
+    def notes(self) -> InputNotes:
+        """What the written entities carried that the lake does not store as given:
+        values followthemoney's cleaning dropped (per property) and entity fields
+        the statement model has no place for (:class:`~lakehouse_assets.entities.InputNotes`)."""
+        if self._notes is None:
+            from lakehouse_assets.entities import InputNotes
+
+            self._notes = InputNotes()
+        return self._notes
+
     def add_entity(self, entity: EntityProxy | dict[str, Any]) -> int:
         from lakehouse_assets.entities import entity_statements, validate_entity
 
-        proxy = validate_entity(entity, dataset=self.dataset.name)
-        name, origin = self.dataset.name, self.origin
-        stmts = entity_statements(proxy, dataset=name, origin=origin, seen=self.seen)
+        name, origin, notes = self.dataset.name, self.origin, self.notes
+        proxy = validate_entity(entity, dataset=name, notes=notes)
+        stmts = entity_statements(proxy, dataset=name, origin=origin, seen=self.seen, notes=notes)
         self._rows.extend(statement_row(s, name, origin) for s in stmts)
         self.count += len(stmts)
         self.entities += 1
@@ -75,17 +90,24 @@ class BulkWriter:
             self._flush_batch()
         return len(stmts)
 
-    def add_rows(self, rows: list[Row], entities: int = 0) -> None:
-        """Add journal rows made by :mod:`ingest` (already validated)."""
+    def add_rows(self, rows: list[Row], entities: int = 0, notes: InputNotes | None = None) -> None:
+        """Add journal rows made by :mod:`ingest` (already validated), with the
+        notes made of their entities."""
+        if notes:
+            self.notes.update(notes)
         self._rows.extend(rows)
         self.count += len(rows)
         self.entities += entities
         if len(self._rows) >= self.batch_size:
             self._flush_batch()
 
-    def add_copy(self, data: bytes, *, count: int, entities: int = 0) -> None:
+    def add_copy(
+        self, data: bytes, *, count: int, entities: int = 0, notes: InputNotes | None = None
+    ) -> None:
         """Add ``count`` rows of this write already encoded as ``COPY`` input by
         :mod:`ingest` (validated; PostgreSQL), after the rows added before."""
+        if notes:
+            self.notes.update(notes)
         self._flush_batch()
         self.journal.insert_copy(self._connection(), data)
         self.count += count

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import csv
 import io
+from collections import Counter
 from collections.abc import Iterable, Iterator
-from datetime import datetime
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from datetime import UTC, datetime
 from typing import IO, Any, TextIO, cast
 
 import orjson
@@ -22,6 +25,7 @@ from followthemoney.proxy import EntityProxy
 from followthemoney.statement import Statement
 from followthemoney.statement.serialize import CSV_COLUMNS, CSVStatementWriter
 from followthemoney.statement.util import BASE_ID, get_prop_type
+from followthemoney.util import sanitize_text
 from rigour.boolean import text_bool
 
 from lakehouse_assets import conventions as cv
@@ -101,11 +105,16 @@ def validate_entity(
     dataset: str | None = None,
     source: str | None = None,
     line: int | None = None,
+    notes: InputNotes | None = None,
 ) -> EntityProxy:
     """Turn a dict into a fully validated and normalised ``EntityProxy``.
 
     Raises ``InvalidInputError`` for a missing id, unknown or abstract schema,
-    malformed properties or a property the schema does not have.
+    malformed properties, a property the schema does not have or a
+    ``first_seen``/``last_seen``/``last_change`` that is not a date-time. The
+    entity's other top-level keys stay in ``proxy.context`` (the seen times
+    normalised) for :func:`entity_statements`; values followthemoney's cleaning
+    drops are counted into ``notes`` per property.
     """
 
     def fail(msg: str) -> InvalidInputError:
@@ -147,17 +156,35 @@ def validate_entity(
                 raise fail(
                     f"entity {entity_id!r}: a value of {name!r} {problem.removeprefix('value ')}"
                 )
+    context = {k: v for k, v in data.items() if k != "properties"}
     try:
-        proxy = model.get_proxy(data, cleaned=False)
-    except InvalidData as exc:
+        context.update(seen_fields(context))
+        proxy = model.get_proxy(context, cleaned=False)
+    except (ValueError, InvalidData) as exc:
         raise fail(f"entity {entity_id!r}: {exc}") from exc
     if proxy.id is None:
         raise fail("entity has no usable id")
+    # followthemoney's own cleaning, value by value (what ``EntityProxy.add`` does),
+    # so that a value it drops (a phone number that does not parse, a stub
+    # property, a value over the type's size limit) is counted, not lost unseen
+    for name, values in props.items():
+        prop = schema.properties[name]
+        for value in [values] if isinstance(values, str) else values:
+            clean = sanitize_text(value)
+            kept = None
+            if clean and not prop.stub:
+                kept = proxy.unsafe_add(prop, clean, cleaned=False)
+            if kept is None and notes is not None:
+                notes.dropped[name] += 1
     return proxy
 
 
 def read_entities(
-    fh: IO[bytes], *, dataset: str | None = None, source: str | None = None
+    fh: IO[bytes],
+    *,
+    dataset: str | None = None,
+    source: str | None = None,
+    notes: InputNotes | None = None,
 ) -> Iterator[EntityProxy]:
     """Validated entities from FtM JSON lines (one entity per line).
 
@@ -165,13 +192,18 @@ def read_entities(
     with its line number. Input must be UTF-8.
     """
     for lineno, raw in enumerate(fh, start=1):
-        proxy = parse_line(raw, dataset=dataset, source=source, lineno=lineno)
+        proxy = parse_line(raw, dataset=dataset, source=source, lineno=lineno, notes=notes)
         if proxy is not None:
             yield proxy
 
 
 def parse_line(
-    raw: bytes, *, dataset: str | None, source: str | None, lineno: int
+    raw: bytes,
+    *,
+    dataset: str | None,
+    source: str | None,
+    lineno: int,
+    notes: InputNotes | None = None,
 ) -> EntityProxy | None:
     """One FtM JSON line to a validated entity (None for a blank line)."""
     if not raw.strip():
@@ -191,7 +223,7 @@ def parse_line(
         raise InvalidInputError(
             f"malformed JSON: {exc}", dataset=dataset, source=source, line=lineno
         ) from exc
-    return validate_entity(data, dataset=dataset, source=source, line=lineno)
+    return validate_entity(data, dataset=dataset, source=source, line=lineno, notes=notes)
 
 
 def entity_statements(
@@ -200,11 +232,144 @@ def entity_statements(
     dataset: str,
     origin: str,
     seen: str | None = None,
+    notes: InputNotes | None = None,
 ) -> list[Statement]:
-    """The statements of an entity, ids as followthemoney computes them."""
-    return list(
-        Statement.from_entity(proxy, dataset, first_seen=seen, last_seen=seen, origin=origin)
+    """The statements of an entity, ids as followthemoney computes them.
+
+    The entity's own ``first_seen``/``last_seen`` (as OpenSanctions' FtM JSON
+    carries them, normalised by :func:`validate_entity`) become its statements'
+    seen times; without them the write's time ``seen`` stands in (a missing
+    ``last_seen`` is the later of ``first_seen`` and ``seen``: the entity is seen
+    now). ``last_change`` goes where followthemoney's statement model keeps it:
+    the first_seen of the entity's ``id`` statement (``StatementEntity`` takes
+    its ``last_change`` from there). What the statement model has no place for
+    is counted into ``notes`` (:func:`not_kept`).
+    """
+    context = proxy.context
+    given: dict[str, str | None] = {k: context.get(k) for k in SEEN_FIELDS}
+    first = given["first_seen"] or given["last_seen"] or seen
+    last = given["last_seen"]
+    if last is None:
+        last = first if seen is None or (first is not None and first > seen) else seen
+    change = given["last_change"]
+    stmts = list(
+        Statement.from_entity(proxy, dataset, first_seen=first, last_seen=last, origin=origin)
     )
+    if change is not None and change != first:
+        stmts = [
+            s.clone(first_seen=change, last_seen=max(last or change, change))
+            if s.prop == BASE_ID
+            else s
+            for s in stmts
+        ]
+    if notes is not None:
+        notes.not_kept.update(not_kept(context, dataset=dataset, origin=origin))
+    return stmts
+
+
+#: Top-level keys of an FtM JSON entity the lake stores (``id``, ``schema``,
+#: ``properties``, the seen times) or derives again on export (``caption``).
+STORED_KEYS = frozenset(
+    {"id", "schema", "properties", "caption", "first_seen", "last_seen", "last_change"}
+)
+
+
+def not_kept(context: dict[str, Any], *, dataset: str, origin: str) -> list[str]:
+    """The top-level keys of an entity whose content the lake does not store.
+
+    followthemoney's statement model (4.x) has no place for ``target`` (a
+    statement has no such field) nor for ``referents`` (the ids of source
+    entities merged into this one: an export derives them from statements
+    whose ``entity_id`` differs, which an entity's own lines do not make);
+    ``datasets`` and ``origin`` are the write's own. A key counts only where
+    something is lost: ``target`` other than false (the default), ``referents`` not empty, ``datasets`` or
+    ``origin`` naming another dataset or origin; any other unknown key always.
+    """
+    lost: list[str] = []
+    for key, value in context.items():
+        if key in STORED_KEYS or value is None:
+            continue
+        if key == "target":
+            if value is not False:
+                lost.append(key)
+        elif key in ("referents", "datasets", "origin"):
+            own = {"datasets": dataset, "origin": origin}.get(key)
+            names = [value] if isinstance(value, str) else value
+            if not isinstance(names, list) or any(n != own for n in names):
+                lost.append(key)
+        else:
+            lost.append(key)
+    return lost
+
+
+#: The seen times an FtM JSON entity may carry (OpenSanctions' exports do).
+SEEN_FIELDS = ("first_seen", "last_seen", "last_change")
+
+
+def seen_fields(context: dict[str, Any]) -> dict[str, str]:
+    """An entity's seen times in followthemoney's wire format (``YYYY-MM-DDTHH:MM:SS``
+    in UTC: an offset is converted, a naive time taken as UTC, as rigour does),
+    so that the translog's earliest/latest (string comparisons) hold across
+    writes; raises ``ValueError`` naming a value that is not a date-time."""
+    out: dict[str, str] = {}
+    for key in SEEN_FIELDS:
+        value = context.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise ValueError(f"{key} must be a string, not {type(value).__name__}")
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"{key} {value!r} is not an ISO 8601 date-time") from None
+        if parsed.tzinfo is not None:
+            parsed = parsed.astimezone(UTC)
+        out[key] = parsed.strftime("%Y-%m-%dT%H:%M:%S")
+    first, last = out.get("first_seen"), out.get("last_seen")
+    change = out.get("last_change")
+    if first and last and first > last:
+        raise ValueError(f"first_seen {first} is after last_seen {last}")
+    if change and last and change > last:
+        raise ValueError(f"last_change {change} is after last_seen {last}")
+    return out
+
+
+@dataclass(slots=True)
+class InputNotes:
+    """What the entities of a write carried that the lake does not store as given.
+
+    ``dropped``: values followthemoney's cleaning dropped, per property (a
+    phone number that does not parse); ``not_kept``: entities per top-level key
+    the statement model has no place for (:func:`not_kept`). Written in a
+    write's summary (API result, CLI line, job record) so nothing is lost unseen.
+    """
+
+    dropped: Counter[str] = dataclass_field(default_factory=Counter)
+    not_kept: Counter[str] = dataclass_field(default_factory=Counter)
+
+    def update(self, other: InputNotes) -> None:
+        self.dropped.update(other.dropped)
+        self.not_kept.update(other.not_kept)
+
+    def __bool__(self) -> bool:
+        return bool(self.dropped or self.not_kept)
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        return {
+            "dropped_values": dict(sorted(self.dropped.items())),
+            "fields_not_kept": dict(sorted(self.not_kept.items())),
+        }
+
+    def describe(self) -> str:
+        """One line for a summary (empty when nothing was dropped)."""
+        parts = []
+        if self.dropped:
+            counts = ", ".join(f"{k} {n}" for k, n in sorted(self.dropped.items()))
+            parts.append(f"values dropped by followthemoney's cleaning: {counts}")
+        if self.not_kept:
+            counts = ", ".join(f"{k} {n}" for k, n in sorted(self.not_kept.items()))
+            parts.append(f"entity fields not kept (entities): {counts}")
+        return "; ".join(parts)
 
 
 def make_statement(

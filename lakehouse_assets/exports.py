@@ -52,6 +52,7 @@ from followthemoney.dataset.resource import DataResource
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, incremental, progress, staging
+from lakehouse_assets.errors import LockedError
 from lakehouse_assets.flush import flush_for_reading
 from lakehouse_assets.freshness import (  # the export kinds and their rule live there
     ENTITIES,
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from lakehouse_assets.context import DatasetContext
+    from lakehouse_assets.flush import FlushResult
 
 
 @dataclass
@@ -512,21 +514,12 @@ def export_statistics(ds: DatasetContext, force: bool = False) -> ExportResult:
 
 
 def make(ds: DatasetContext, force: bool = False) -> ExportResult:
-    """Flush if needed; the graph index, if the dataset has one, brought up to date;
-    then every export that is not fresh, then index.json (publishing a version
-    that records the graph index, current)."""
-    from lakehouse_assets import graph
-
+    """Flush if needed; the graph index built or brought up to date
+    (:func:`make_graph`); then every export that is not fresh, then index.json
+    (publishing a version that records the graph index, current)."""
     clock = time.monotonic()
-    flushed = None
-    updated = None
     with progress.collect() as parts:
-        if graph.GraphState.load(ds) is not None:
-            # the index first, so the version published below records it current
-            flushed = flush_for_reading(ds, wait=ds.settings.lock_wait_seconds).result
-            progress.stage("make %s: updating the graph index", ds.name)
-            with progress.part("graph"):
-                updated = graph.update(ds).as_dict()
+        flushed, updated = make_graph(ds)
         result = export(ds, [STATEMENTS, ENTITIES, STATISTICS, INDEX], force)
     result.graph = updated
     if result.flushed is None and flushed is not None:
@@ -543,6 +536,35 @@ def make(ds: DatasetContext, force: bool = False) -> ExportResult:
         f"; published version {version['sequence']}" if version.get("sequence") else "",
     )
     return result
+
+
+def make_graph(ds: DatasetContext) -> tuple[FlushResult | None, dict[str, Any] | None]:
+    """``make``'s graph step: flush, then build the graph index (the first time) or
+    bring it up to date; returns the flush's result and the index's (None and
+    None while the dataset has no tables: nothing to index).
+
+    Before this, ``make`` only updated an index someone had built: after a
+    first ``make``, ``refs`` and ``neighbours`` still said "run graph update".
+    The index comes first, so the version published after it records it current.
+
+    While another writer holds the dataset's lock, the step is skipped (its
+    ``skipped`` says why) and the exports go on with the current snapshot, as
+    a reader's flush does: ``make`` never fails because a writer is busy.
+    """
+    from lakehouse_assets import graph
+
+    reader = flush_for_reading(ds, wait=ds.settings.lock_wait_seconds)
+    if reader.locked_by is not None:
+        return None, {"skipped": f"the dataset's lock is held: {reader.locked_by}"}
+    if ds.snapshot().statements.version is None:
+        return reader.result, None
+    built = graph.GraphState.load(ds) is not None
+    progress.stage("make %s: %s the graph index", ds.name, "updating" if built else "building")
+    try:
+        with progress.part("graph"):
+            return reader.result, graph.update(ds).as_dict()
+    except LockedError as exc:  # taken since the flush (a compact, say)
+        return reader.result, {"skipped": f"the dataset's lock is held: {exc}"}
 
 
 #: Graph exports (see :mod:`lakehouse_assets.graph.exports`): listed in index.json

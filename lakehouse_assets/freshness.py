@@ -73,6 +73,13 @@ class Freshness:
     fresh: bool
     why: str
     stamp: datetime | None = None
+    #: False for an output never made (the graph exports before a first
+    #: ``graph export``): not fresh, but not stale either, nothing was made to go stale
+    built: bool = True
+
+    @property
+    def stale(self) -> bool:
+        return self.built and not self.fresh
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -114,11 +121,17 @@ def freshness(ds: DatasetContext, pending: int | None = None) -> dict[str, Fresh
             f"{built['edges']:,} edges; "
             + ("reflects the latest tables" if current else "the tables changed since its update"),
         )
+        stamp = tags.get(cv.EXPORTS_GRAPH)
+        if stamp is None and not ds.store.exists(cv.dataset_path(ds.name, cv.GRAPH_CYPHER)):
+            found[GRAPH_CYPHER] = Freshness(
+                cv.GRAPH_CYPHER, False, "lakehouse graph export writes it", built=False
+            )
+            return found
         cypher = graph_exports_fresh(ds)
         found[GRAPH_CYPHER] = Freshness(
             cv.GRAPH_CYPHER,
             cypher,
             "newer than entities.ftm.json" if cypher else "older than entities.ftm.json",
-            tags.get(cv.EXPORTS_GRAPH),
+            stamp,
         )
     return found

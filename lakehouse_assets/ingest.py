@@ -21,7 +21,7 @@ from itertools import chain, islice
 from multiprocessing.pool import AsyncResult
 from typing import IO
 
-from lakehouse_assets.entities import entity_statements, parse_line
+from lakehouse_assets.entities import InputNotes, entity_statements, parse_line
 from lakehouse_assets.journal import Row, Write, bucket_of, statement_row, statements_copy_csv
 
 #: Lines per chunk sent to a worker: big enough to amortise pickling,
@@ -58,19 +58,26 @@ class ChunkResult:
     count: int
     #: the rows as :func:`~lakehouse_assets.journal.statements_copy_csv` input
     copy: bytes | None = None
+    #: values followthemoney's cleaning dropped, entity fields not kept
+    notes: InputNotes | None = None
 
 
 def convert_chunk(chunk: Chunk) -> ChunkResult:
     """Validate a chunk of lines and build its journal rows (runs in workers)."""
     grouped = []
+    notes = InputNotes()
     for offset, raw in enumerate(chunk.lines):
         proxy = parse_line(
-            raw, dataset=chunk.dataset, source=chunk.source, lineno=chunk.first_line + offset
+            raw,
+            dataset=chunk.dataset,
+            source=chunk.source,
+            lineno=chunk.first_line + offset,
+            notes=notes,
         )
         if proxy is None:
             continue
         stmts = entity_statements(
-            proxy, dataset=chunk.dataset, origin=chunk.origin, seen=chunk.seen
+            proxy, dataset=chunk.dataset, origin=chunk.origin, seen=chunk.seen, notes=notes
         )
         grouped.append((bucket_of(stmts[0].canonical_id), stmts))
     count = sum(len(stmts) for _, stmts in grouped)
@@ -78,13 +85,13 @@ def convert_chunk(chunk: Chunk) -> ChunkResult:
         data = statements_copy_csv(
             grouped, dataset=chunk.dataset, origin=chunk.origin, write=chunk.copy_for
         )
-        return ChunkResult([], len(grouped), len(chunk.lines), count, data)
+        return ChunkResult([], len(grouped), len(chunk.lines), count, data, notes)
     rows = [
         statement_row(s, chunk.dataset, chunk.origin, bucket=bucket)
         for bucket, stmts in grouped
         for s in stmts
     ]
-    return ChunkResult(rows, len(grouped), len(chunk.lines), count)
+    return ChunkResult(rows, len(grouped), len(chunk.lines), count, notes=notes)
 
 
 def _chunks(

@@ -318,9 +318,13 @@ class Dataset(DatasetContext):
     def add_entity(
         self, entity: EntityProxy | dict[str, Any], origin: str = cv.DEFAULT_ORIGIN
     ) -> int:
-        """Validate an entity and write its statements; returns their number."""
+        """Validate an entity and write its statements; returns their number (what
+        it carried that is not stored as given is logged: :attr:`BulkWriter.notes`)."""
         with self.bulk(origin) as bulk:
-            return bulk.add_entity(entity)
+            count = bulk.add_entity(entity)
+        if bulk.notes:
+            log.warning("%s: entity written; %s", self.name, bulk.notes.describe())
+        return count
 
     def write_entities(
         self,
@@ -334,7 +338,9 @@ class Dataset(DatasetContext):
         """Bulk-write FtM JSON lines (validated in parallel); all or nothing.
 
         ``progress`` is called with the number of input lines of each chunk.
-        Returns the finished writer (``.entities`` and ``.count`` statements).
+        Returns the finished writer (``.entities``, ``.count`` statements and
+        ``.notes``: values followthemoney's cleaning dropped, per property, and
+        entity fields not kept).
         """
         from lakehouse_assets.ingest import convert_lines
 
@@ -349,9 +355,14 @@ class Dataset(DatasetContext):
                 copy_for=bulk.write if self.journal.takes_copy else None,
             ):
                 if result.copy is not None:
-                    bulk.add_copy(result.copy, count=result.count, entities=result.entities)
+                    bulk.add_copy(
+                        result.copy,
+                        count=result.count,
+                        entities=result.entities,
+                        notes=result.notes,
+                    )
                 else:
-                    bulk.add_rows(result.rows, entities=result.entities)
+                    bulk.add_rows(result.rows, entities=result.entities, notes=result.notes)
                 if progress is not None:
                     progress(result.lines)
         return bulk

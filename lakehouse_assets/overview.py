@@ -51,7 +51,7 @@ def dataset_lines(
         config = load_dataset_config(store, name)
         version = head(ds)
         waiting = pending.get(name, 0)
-        stale = sorted(kind for kind, state in freshness(ds, waiting).items() if not state.fresh)
+        stale = sorted(kind for kind, state in freshness(ds, waiting).items() if state.stale)
         yield DatasetLine(
             name=name,
             title=str(config.get("title") or name),

@@ -342,6 +342,30 @@ CASES: list[Case] = [
         file=lines(b'{"id": "n", "schema": "Person", "properties": {"name": ["A", null]}}'),
     ),
     Case(
+        "an entity's first_seen that is not a date",
+        ("-d", "{ds}", "entities", "write", "-i", "{file}"),
+        1,
+        r"dataset '{ds}'.*line 4\] entity 's': first_seen 'yesterday' is not an ISO 8601 date-time",
+        file=lines(b'{"id": "s", "schema": "Person", "first_seen": "yesterday"}'),
+    ),
+    Case(
+        "an entity's last_seen before its first_seen",
+        ("-d", "{ds}", "entities", "write", "-i", "{file}"),
+        1,
+        r"line 4\] entity 's': first_seen 2024-01-02T00:00:00 is after last_seen 2024-01-01",
+        file=lines(
+            b'{"id": "s", "schema": "Person", "first_seen": "2024-01-02T00:00:00", '
+            b'"last_seen": "2024-01-01T00:00:00"}'
+        ),
+    ),
+    Case(
+        "an entity's last_change that is a number",
+        ("-d", "{ds}", "entities", "write", "-i", "{file}"),
+        1,
+        r"line 4\] entity 's': last_change must be a string, not int",
+        file=lines(b'{"id": "s", "schema": "Person", "last_change": 1700000000}'),
+    ),
+    Case(
         "a nested list in a value list",
         ("-d", "{ds}", "entities", "write", "-i", "{file}"),
         1,

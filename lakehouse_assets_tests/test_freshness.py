@@ -54,13 +54,24 @@ def test_an_export_that_raced_a_write_and_a_flush_is_stale(spark: Any, lake: Lak
 def test_a_write_after_the_exports_flush_keeps_them_stale(
     spark: Any, local_lake: Lakehouse
 ) -> None:
-    """A write committed after the flush's claim, before the export pins its snapshot."""
+    """A write committed after the flush's claim, before the export pins its snapshot.
+
+    ``make`` flushes twice: for its graph step, then for the exports; a write
+    after the first claim is flushed by the second, one after the second is
+    the case here."""
     ds = local_lake.create_dataset("after_claim")
     for e in ENTITIES[:3]:
         ds.add_entity(e)
-    late = ENTITIES[4]
-    with faults.on("flush.after_claim", lambda: ds.add_entity(late)):
+    between, late = ENTITIES[3], ENTITIES[4]
+    claims: list[str] = []
+
+    def write() -> None:
+        claims.append("claim")
+        ds.add_entity(between if len(claims) == 1 else late)
+
+    with faults.on("flush.after_claim", write):
         ds.make()
+    assert len(claims) == 2 and str(between["id"]) in exported_ids(ds)
     assert str(late["id"]) not in exported_ids(ds)
     assert not is_fresh(ds, "entities")  # its rows wait in the journal
     ds.make()
@@ -106,6 +117,8 @@ def test_readers_do_not_fail_while_a_writer_holds_the_lock(
         assert seen == {str(e["id"]) for e in ENTITIES[:4]}
         made = ds.make()
         assert made.flushed is None and made.pending > 0
+        # the graph step too goes on without the lock: skipped, saying why
+        assert made.graph is not None and "lock is held" in made.graph["skipped"]
         assert not is_fresh(ds, "entities")  # honest: the journal still holds rows
         assert ds.journal.count(ds.name) == made.pending
     finally:

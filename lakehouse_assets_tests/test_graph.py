@@ -380,3 +380,41 @@ def test_updates_equal_a_rebuild(
         graph.update(ds)
         assert indexed(ds) == expected_edges(ds)
         assert graph.status(ds)["current"]
+
+
+def test_make_builds_the_index_so_refs_answers(spark: SparkSession, local_lake: Lakehouse) -> None:
+    """A first ``lakehouse make`` builds the index (``refs`` said "run graph update"
+    after it), names its time in the summary; the graph exports it does not make
+    are "not built" in ``status``, not stale."""
+    from lakehouse_assets.cli import cli
+    from lakehouse_assets.cli.output import _human
+
+    ds = local_lake.create_dataset("made_graph")
+    ds.write_entities([json.dumps(e).encode() for e in sample_entities()])
+    ownership = next(e for e in sample_entities() if e["schema"] == "Ownership")
+    asset = ownership["properties"]["asset"][0]
+    base = cli_args(ds)
+    status = json.loads(CliRunner().invoke(cli, [*base, "status", "--json"]).stdout)
+    assert "graph" not in status["exports"] and "graph_cypher" not in status["exports"]
+    made = CliRunner().invoke(cli, [*base, "make", "--json"])
+    assert made.exit_code == 0, made.output
+    summary = json.loads(made.stdout)
+    assert summary["graph"]["mode"] == "rebuild" and "seconds" in summary["graph"]
+    assert summary["graph"]["edges"] == len(expected_edges(ds)) > 0
+    line = f"graph      index built: {summary['graph']['edges']:,} edges"
+    assert any(text.startswith(line) for text in _human(summary))
+    refs = CliRunner().invoke(cli, [*base, "refs", asset])
+    assert refs.exit_code == 0, refs.output
+    assert "graph update" not in refs.output
+    assert ownership["id"] in {json.loads(x)["other_id"] for x in refs.stdout.splitlines()}
+    status = json.loads(CliRunner().invoke(cli, [*base, "status", "--json"]).stdout)
+    assert status["exports"]["graph"]["fresh"] is True
+    cypher = status["exports"]["graph_cypher"]
+    assert (cypher["fresh"], cypher["built"]) == (False, False)
+    text = CliRunner().invoke(cli, [*base, "status"]).stdout
+    assert "graph_cypher not built" in text and "stale" not in text
+    catalog = json.loads(CliRunner().invoke(cli, [*base[:4], "status", "--json"]).stdout)
+    assert [d["stale"] for d in catalog["datasets"]] == [[]]
+    # a second make updates it (nothing changed: nothing added)
+    again = ds.make().graph
+    assert again is not None and (again["mode"], again["added"]) == ("update", 0)

@@ -109,6 +109,8 @@ def _human(data: dict[str, Any]) -> list[str]:
         lines.insert(0, ("flushed    " if flushed else "") + ", ".join(parts))
     if data.get("pending"):
         lines.append(f"pending    {data['pending']:,} journal rows (another writer held the lock)")
+    if isinstance(data.get("graph"), dict):
+        lines.append(_graph_line(data["graph"]))
     if isinstance(data.get("seconds"), int | float):
         timed = data.get("parts") or {}
         named = ", ".join(f"{name} {s:.1f}" for name, s in timed.items())
@@ -124,3 +126,15 @@ def _report(result: Any, as_json: bool = False) -> None:
         return
     for line in _human(data):
         click.echo(line)
+
+
+def _graph_line(graph: dict[str, Any]) -> str:
+    """``make``'s graph step: what it did to the index, and its time."""
+    if graph.get("skipped"):
+        return f"graph      index not updated ({graph['skipped']})"
+    done = "built" if graph.get("mode") == "rebuild" else "updated"
+    return (
+        f"graph      index {done}: {graph.get('edges', 0):,} edges "
+        f"(+{graph.get('added', 0):,}, -{graph.get('tombstoned', 0):,}) "
+        f"in {graph.get('seconds', 0.0):.1f} s"
+    )

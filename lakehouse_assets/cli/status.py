@@ -184,7 +184,7 @@ def status_cmd(obj: Context, as_json: bool) -> None:
     if head is not None:
         click.echo(f"  published: version {head.sequence} ({head.hash[:21]}…)")
     for kind, info in exports.items():
-        mark = "fresh" if info["fresh"] else "stale"
+        mark = "fresh" if info["fresh"] else "stale" if info["built"] else "not built"
         click.echo(f"  {kind:<11} {mark:<6} {info['why']}")
     for name, info in jobs.items():
         click.echo(

@@ -38,6 +38,8 @@ def entities_write(obj: Context, path: str, origin: str) -> None:
         f"(write {bulk.write.write_id} by tenant {bulk.write.tenant})",
         err=True,
     )
+    if bulk.notes:
+        click.echo(f"  {bulk.notes.describe()}", err=True)
 
 
 @entities.command("delete")

@@ -61,6 +61,10 @@ def apply_queue_items(
         "remaining": result.remaining,
         "seconds": round(result.seconds, 2),
     }
+    if result.dropped_values or result.fields_not_kept:
+        # what the entities carried that the lake does not store as given
+        metadata["dropped_values"] = dg.MetadataValue.json(dict(result.dropped_values))
+        metadata["fields_not_kept"] = dg.MetadataValue.json(dict(result.fields_not_kept))
     if result.failed:
         metadata["failed_items"] = dg.MetadataValue.json(result.failed)
     if result.invalid:

@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -122,6 +123,10 @@ class ConsumeResult:
     stopped: str | None = None
     items: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    #: over the entities applied: values followthemoney's cleaning dropped, per
+    #: property, and entity fields not kept, per field (``InputNotes.as_dict``)
+    dropped_values: Counter[str] = field(default_factory=Counter)
+    fields_not_kept: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -134,6 +139,8 @@ class ConsumeResult:
             "stopped": self.stopped,
             "items": self.items,
             "seconds": round(self.seconds, 3),
+            "dropped_values": dict(sorted(self.dropped_values.items())),
+            "fields_not_kept": dict(sorted(self.fields_not_kept.items())),
         }
 
 
@@ -516,6 +523,8 @@ class Queue:
         else:
             result.applied += 1
             outcome = "applied"
+            result.dropped_values.update(effect.get("dropped_values", {}))
+            result.fields_not_kept.update(effect.get("fields_not_kept", {}))
         result.items.append(
             {
                 "id": item.id,
@@ -558,7 +567,7 @@ class Queue:
         """Apply an item (see the module doc for why each branch is safe to redo)."""
         # followthemoney (about 0.5 s, more on a loaded machine) is imported where an
         # entity is made or read, not by `status` or `queue ls`, which count items
-        from lakehouse_assets.entities import entity_statements, validate_entity
+        from lakehouse_assets.entities import InputNotes, entity_statements, validate_entity
         from lakehouse_assets.query import stored_statements
 
         ds, journal = self.dataset, self.dataset.journal
@@ -572,15 +581,21 @@ class Queue:
         rows: list[Row] = []
         effect: dict[str, Any]
         if isinstance(payload, EntityUpsert):
+            notes = InputNotes()
             proxy = validate_entity(
                 payload.entity,
                 dataset=self.name,
                 source=cv.queue_item(self.name, item.tenant, item.id),
+                notes=notes,
             )
             seen = iso(item.created_at)
-            stmts = entity_statements(proxy, dataset=self.name, origin=payload.origin, seen=seen)
+            stmts = entity_statements(
+                proxy, dataset=self.name, origin=payload.origin, seen=seen, notes=notes
+            )
             rows = [statement_row(s, self.name, payload.origin) for s in stmts]
             effect = {"entity_id": proxy.id, "origin": payload.origin, "statements": len(rows)}
+            if notes:  # in the item's done record and the consume's summary
+                effect.update({k: v for k, v in notes.as_dict().items() if v})
         elif isinstance(payload, EntityDelete):
             stmts = [
                 s
