@@ -16,13 +16,21 @@ The specification's process, made safe against crashes and concurrent writers:
    is (:func:`reduce.reduce_events`), then staged as Parquet in the lake for Spark.
 4. Statements not yet in the main table (checked by Spark against the table
    itself, only the batch's buckets) are **new**: Spark writes them as
-   Parquet, delta-rs commits them (one append).
+   Parquet, delta-rs commits them (one append). Which statements the table
+   holds is found by a probe (:mod:`.tables.probe`): the row groups whose
+   ``bucket``/``canonical_id`` min/max can hold one of the batch's entities
+   are read on the driver, so a small batch into a large table reads a row
+   group or two per entity, not the table; a batch spread over most of the
+   table scans its buckets instead.
 5. The translog gets one row per statement that is in the main table:
    ``first_seen``/``last_seen`` widened, ``deleted_at`` from the last event.
-   Spark rewrites the translog files whose bucket range overlaps the batch
-   (old rows merged with the updates); one commit removes the old files,
-   adds the new ones and publishes the statements version readers pair
-   with it. Then the batch's rows of the change feed (:mod:`.tables.feed`:
+   A probe of the translog (by ``bucket`` and ``id``) finds the files that
+   hold a row of the batch; Spark rewrites those (old rows merged with the
+   updates) and writes the rows of statements no file holds yet with them,
+   so a batch of new statements rewrites no file (without a probe: every
+   file whose bucket range overlaps the batch). One commit removes the old
+   files, adds the new ones and publishes the statements version readers
+   pair with it. Then the batch's rows of the change feed (:mod:`.tables.feed`:
    the statements it made live or dead, by entity) are committed, tagged
    with that translog version; a crash between the two commits leaves the
    version out of the feed, which readers take as a gap (their full path).
@@ -36,8 +44,10 @@ held; a flush that lost its lock commits nothing.
 Why this survives a crash anywhere: newness is decided against the main
 table, so a retry after step 4 finds the statements there and does not
 append them twice; the translog update is a min/max/last merge, so applying
-it twice gives the same row; the journal still holds every row not yet in
-both tables (the next flush claims a dead flush's rows again). Files
+it twice gives the same row (a retry's probe finds the rows a dead run
+committed, in whatever file, and merges into them rather than adding a
+second row: min/max pruning skips only row groups that cannot hold a key);
+the journal still holds every row not yet in both tables (the next flush claims a dead flush's rows again). Files
 written by a run that died before its commit are not in the Delta log
 (readers never see them) and ``vacuum`` removes them.
 
@@ -70,6 +80,7 @@ from lakehouse_assets.spark.session import (
 )
 from lakehouse_assets.tables import feed
 from lakehouse_assets.tables.delta import commit, remove_action
+from lakehouse_assets.tables.probe import probe
 from lakehouse_assets.tables.schemas import (
     CHANGES_SCHEMA,
     PROVENANCE_FIELDS,
@@ -111,6 +122,12 @@ class FlushResult:
     seconds: float = 0.0
     #: leftovers of killed runs removed by this one (staging areas, Spark scratch)
     cleaned: dict[str, Any] = field(default_factory=dict)
+    #: row groups the newness check and the translog update probed, of those the
+    #: files they could have scanned hold (:mod:`.tables.probe`)
+    row_groups_read: int = 0
+    row_groups_total: int = 0
+    #: translog files rewritten (holding a row of a statement of the batch)
+    translog_files_rewritten: int = 0
 
     @property
     def changed(self) -> bool:
@@ -129,6 +146,9 @@ class FlushResult:
             "translog_version": self.translog_version,
             "seconds": round(self.seconds, 3),
             "cleaned": self.cleaned,
+            "row_groups_read": self.row_groups_read,
+            "row_groups_total": self.row_groups_total,
+            "translog_files_rewritten": self.translog_files_rewritten,
         }
 
 
@@ -172,8 +192,18 @@ def rewrite_translog(
     fence: Fence,
     publishes: int | None,
     staging_uri: str,
+    keys: pa.Table | None = None,
+    result: FlushResult | None = None,
 ) -> int | None:
-    """Upsert translog rows: rewrite the files that may hold them, in one commit.
+    """Upsert translog rows: rewrite the files that hold them, in one commit.
+
+    With the batch's ``keys`` (see :func:`_batch_keys`) the files that hold a
+    row of one of them are found by a probe of their row groups
+    (:mod:`.tables.probe`): only those are rewritten, and the rows of
+    statements no file holds yet (new ones) are written with them, into new
+    files, so a batch of new statements rewrites nothing. Without keys, or where the
+    probe would read most of the table, every file whose bucket range
+    overlaps the batch's ``span`` is rewritten.
 
     A row's ``first_seen`` only moves back, ``last_seen`` only forward,
     ``deleted_at`` and the last tenant/write are the last event's, and the
@@ -188,6 +218,16 @@ def rewrite_translog(
     options = location.storage_options
     snapshot = Snapshot.load(location)
     old_files = snapshot.select(span)
+    found = None
+    if keys is not None and old_files:
+        found = probe(old_files, TRANSLOG_SCHEMA, options, keys, key_column="id")
+    if found is not None:
+        old_files = [f for f in old_files if f.path in found.files]
+        if result is not None:
+            result.row_groups_read += found.row_groups_read
+            result.row_groups_total += found.row_groups_total
+    if result is not None:
+        result.translog_files_rewritten += len(old_files)
     old = (
         read_snapshot(spark, old_files, TRANSLOG_SCHEMA, options)
         .withColumn("_stored", F.lit(True))
@@ -239,6 +279,34 @@ def rewrite_translog(
 #: next task: with two tasks a 1M-row batch the workers held 1.75 GB at the
 #: peak of a 1M flush, with tasks of 200k rows 1.47 GB (same time).
 TASK_ROWS = 200_000
+
+
+#: A batch of at most this many statements probes the tables' row groups for its
+#: keys (:mod:`.tables.probe`, on the driver); a larger one scans its buckets
+#: with Spark (its keys would be a large share of most tables anyway).
+PROBE_STATEMENTS = 200_000
+
+
+def _batch_keys(reduced: DataFrame, statements: int) -> pa.Table | None:
+    """The batch's (origin, id, bucket, canonical_id), on the driver, for probes;
+    None for a batch too large to probe (:data:`PROBE_STATEMENTS`)."""
+    from pyspark.sql import functions as F
+
+    if statements > PROBE_STATEMENTS:
+        return None
+    keys = reduced.select(
+        "origin", "id", F.col("bucket").cast("int").alias("bucket"), "canonical_id"
+    ).toArrow()
+    return keys.cast(
+        pa.schema(
+            [
+                pa.field("origin", pa.string()),
+                pa.field("id", pa.string()),
+                pa.field("bucket", pa.int32()),
+                pa.field("canonical_id", pa.string()),
+            ]
+        )
+    )
 
 
 def _reduced_frame(
@@ -298,20 +366,39 @@ def _flush_batch(
     # under the lock the latest version holds everything committed, published or not
     main_snapshot = Snapshot.load(main)
     main_files = main_snapshot.select(span)
+    # the batch's keys, for probes of the row groups that can hold them (a small
+    # batch into a large table reads a row group or two per entity, not the table)
+    keys = _batch_keys(reduced, statements) if main_files else None
     if main_files:
-        in_main = (
-            read_snapshot(
-                spark,
+        found = None
+        if keys is not None:
+            found = probe(
                 main_files,
-                pa.schema([STATEMENTS_SCHEMA.field(c) for c in ("id", "bucket", "origin")]),
+                STATEMENTS_SCHEMA,
                 options,
+                keys,
+                key_column="canonical_id",
                 partition=STATEMENTS_PARTITION,
-                buckets=buckets,
             )
-            .select("origin", "id")
-            .distinct()
-            .withColumn("in_main", F.lit(True))
-        )
+        if found is not None:
+            result.row_groups_read += found.row_groups_read
+            result.row_groups_total += found.row_groups_total
+            stored = found.rows.select(["origin", "id"]).group_by(["origin", "id"]).aggregate([])
+            in_main = arrow_frame(spark, stored, staging_uri, options)
+        else:  # a batch spread over most of the table: one scan of its buckets
+            in_main = (
+                read_snapshot(
+                    spark,
+                    main_files,
+                    pa.schema([STATEMENTS_SCHEMA.field(c) for c in ("id", "bucket", "origin")]),
+                    options,
+                    partition=STATEMENTS_PARTITION,
+                    buckets=buckets,
+                )
+                .select("origin", "id")
+                .distinct()
+            )
+        in_main = in_main.withColumn("in_main", F.lit(True))
         keyed = reduced.join(in_main, ["origin", "id"], "left").cache()
     else:  # nothing stored in these buckets yet: every live statement is new
         keyed = reduced.withColumn("in_main", F.lit(None).cast("boolean"))
@@ -384,6 +471,8 @@ def _flush_batch(
         fence=fence,
         publishes=published,
         staging_uri=staging_uri,
+        keys=keys,
+        result=result,
     )
     step("rewrote translog")
     if version is not None:
