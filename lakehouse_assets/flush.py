@@ -400,6 +400,7 @@ def _flush_batch(
             )
         in_main = in_main.withColumn("in_main", F.lit(True))
         keyed = reduced.join(in_main, ["origin", "id"], "left").cache()
+        step("found stored statements (%s)", "probed" if found is not None else "scan")
     else:  # nothing stored in these buckets yet: every live statement is new
         keyed = reduced.withColumn("in_main", F.lit(None).cast("boolean"))
     new = keyed.where(F.col("in_main").isNull() & F.col("deleted_at").isNull()).select(
