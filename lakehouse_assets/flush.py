@@ -59,7 +59,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +70,7 @@ from lakehouse_assets import faults, progress, staging
 from lakehouse_assets.errors import LockedError
 from lakehouse_assets.journal import Claim
 from lakehouse_assets.locks import Fence
-from lakehouse_assets.reduce import reduce_events
+from lakehouse_assets.reduce import REDUCED_SCHEMA, reduce_events
 from lakehouse_assets.spark.journal_source import journal_frame, reachable
 from lakehouse_assets.spark.session import (
     get_spark,
@@ -88,7 +88,7 @@ from lakehouse_assets.tables.schemas import (
     STATEMENTS_SCHEMA,
     TRANSLOG_SCHEMA,
 )
-from lakehouse_assets.tables.snapshot import Snapshot
+from lakehouse_assets.tables.snapshot import Snapshot, read_files
 from lakehouse_assets.tables.spark_io import arrow_frame, read_snapshot, write_files
 
 if TYPE_CHECKING:
@@ -197,7 +197,7 @@ def rewrite_translog(
 ) -> int | None:
     """Upsert translog rows: rewrite the files that hold them, in one commit.
 
-    With the batch's ``keys`` (see :func:`_batch_keys`) the files that hold a
+    With the batch's ``keys`` (:data:`KEY_SCHEMA`) the files that hold a
     row of one of them are found by a probe of their row groups
     (:mod:`.tables.probe`): only those are rewritten, and the rows of
     statements no file holds yet (new ones) are written with them, into new
@@ -287,26 +287,19 @@ TASK_ROWS = 200_000
 PROBE_STATEMENTS = 200_000
 
 
-def _batch_keys(reduced: DataFrame, statements: int) -> pa.Table | None:
-    """The batch's (origin, id, bucket, canonical_id), on the driver, for probes;
-    None for a batch too large to probe (:data:`PROBE_STATEMENTS`)."""
-    from pyspark.sql import functions as F
+#: The columns of a batch's keys (:func:`_key_table`).
+KEY_SCHEMA = pa.schema(
+    [
+        pa.field("origin", pa.string()),
+        pa.field("id", pa.string()),
+        pa.field("bucket", pa.int32()),
+        pa.field("canonical_id", pa.string()),
+    ]
+)
 
-    if statements > PROBE_STATEMENTS:
-        return None
-    keys = reduced.select(
-        "origin", "id", F.col("bucket").cast("int").alias("bucket"), "canonical_id"
-    ).toArrow()
-    return keys.cast(
-        pa.schema(
-            [
-                pa.field("origin", pa.string()),
-                pa.field("id", pa.string()),
-                pa.field("bucket", pa.int32()),
-                pa.field("canonical_id", pa.string()),
-            ]
-        )
-    )
+
+def _key_table(reduced: pa.Table) -> pa.Table:
+    return reduced.select(KEY_SCHEMA.names).cast(KEY_SCHEMA)
 
 
 def _reduced_frame(
@@ -315,9 +308,10 @@ def _reduced_frame(
     claim: Claim,
     batch: list[tuple[int, int]],
     staging_uri: str,
-) -> tuple[DataFrame, int, int]:
+) -> tuple[DataFrame, int, int, Callable[[], pa.Table]]:
     """The batch's statements, reduced, as a DataFrame over staged Parquet, how
-    many, and how many of them are tombstones.
+    many, how many of them are tombstones, and a reader of their keys
+    (:data:`KEY_SCHEMA`) on the driver (from the staged files: no Spark job).
 
     Spark's tasks read and reduce the journal in parallel where they can open
     it (:mod:`spark.journal_source`); otherwise the driver reads it, reduces
@@ -326,7 +320,7 @@ def _reduced_frame(
     url = ds.journal.url
     options = dict(ds.statements_table.storage_options)
     if reachable(url, spark, ds.settings):
-        return journal_frame(
+        frame, rows, deleted, files = journal_frame(
             spark,
             url,
             claim,
@@ -335,10 +329,16 @@ def _reduced_frame(
             staging_uri=staging_uri,
             storage_options=options,
         )
+
+        def staged_keys() -> pa.Table:
+            return _key_table(read_files(files, REDUCED_SCHEMA, options, columns=KEY_SCHEMA.names))
+
+        return frame, rows, deleted, staged_keys
     events = ds.journal.read_claimed(claim, [b for b, _ in batch])
     reduced = reduce_events(events)
     deleted = reduced.num_rows - reduced.column("deleted_at").null_count
-    return arrow_frame(spark, reduced, staging_uri, options), reduced.num_rows, deleted
+    frame = arrow_frame(spark, reduced, staging_uri, options)
+    return frame, reduced.num_rows, deleted, lambda: _key_table(reduced)
 
 
 def _flush_batch(
@@ -361,14 +361,14 @@ def _flush_batch(
     span = (min(buckets), max(buckets))
     main = ds.statements_table
     options = main.storage_options
-    reduced, statements, deleted = _reduced_frame(spark, ds, claim, batch, staging_uri)
+    reduced, statements, deleted, key_reader = _reduced_frame(spark, ds, claim, batch, staging_uri)
     step("read %d journal rows, reduced to %d statements", journal_rows, statements)
     # under the lock the latest version holds everything committed, published or not
     main_snapshot = Snapshot.load(main)
     main_files = main_snapshot.select(span)
     # the batch's keys, for probes of the row groups that can hold them (a small
     # batch into a large table reads a row group or two per entity, not the table)
-    keys = _batch_keys(reduced, statements) if main_files else None
+    keys = key_reader() if main_files and statements <= PROBE_STATEMENTS else None
     if main_files:
         found = None
         if keys is not None:
