@@ -105,8 +105,9 @@ def main() -> None:
         subprocess.run([*on, "entities", "delete", *deleted], check=True, env=env)
         start = time.monotonic()
         done = subprocess.run(
-            [*on, "-v", "flush"], env=env, check=True, capture_output=True, text=True
+            [*on, "-v", "flush", "--json"], env=env, check=True, capture_output=True, text=True
         )
+        stats = json.loads(done.stdout.strip().splitlines()[-1])
         seconds = time.monotonic() - start
         print(f"\n{args.statements:,} statements; {new} new, {again} again, {len(deleted)} deleted")
         print(f"load: {os.getloadavg()[0]:.1f}\n\n| flush step | seconds |\n|---|---|")
@@ -115,6 +116,9 @@ def main() -> None:
             if found:
                 print(f"| {found['what']} | {float(found['seconds']):.2f} |")
         print(f"| **flush (process)** | **{seconds:.1f}** |\n")
+        probed = (stats.get(k) for k in ("row_groups_read", "row_groups_total"))
+        print("row groups probed (read of total): {} of {}".format(*probed))
+        print(f"translog files rewritten: {stats.get('translog_files_rewritten')}\n")
         print("| table | files added | removed | live files |\n|---|---|---|---|")
         for table in ("statements", "translog"):
             adds, removes, live = commit_counts(lake / DATASET / "entities" / table)

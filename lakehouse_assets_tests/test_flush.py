@@ -165,9 +165,9 @@ def test_flush_in_many_batches_equals_one_batch(
     real = flush.journal_frame
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        frame, rows, deleted = real(*args, **kwargs)
+        frame, rows, deleted, files = real(*args, **kwargs)
         staged.append(len(frame.inputFiles()))
-        return frame, rows, deleted
+        return frame, rows, deleted, files
 
     monkeypatch.setattr(flush, "journal_frame", counted)
     r3 = tasks.flush()
