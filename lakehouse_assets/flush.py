@@ -16,13 +16,21 @@ The specification's process, made safe against crashes and concurrent writers:
    is (:func:`reduce.reduce_events`), then staged as Parquet in the lake for Spark.
 4. Statements not yet in the main table (checked by Spark against the table
    itself, only the batch's buckets) are **new**: Spark writes them as
-   Parquet, delta-rs commits them (one append).
+   Parquet, delta-rs commits them (one append). Which statements the table
+   holds is found by a probe (:mod:`.tables.probe`): the row groups whose
+   ``bucket``/``canonical_id`` min/max can hold one of the batch's entities
+   are read on the driver, so a small batch into a large table reads a row
+   group or two per entity, not the table; a batch spread over most of the
+   table scans its buckets instead.
 5. The translog gets one row per statement that is in the main table:
    ``first_seen``/``last_seen`` widened, ``deleted_at`` from the last event.
-   Spark rewrites the translog files whose bucket range overlaps the batch
-   (old rows merged with the updates); one commit removes the old files,
-   adds the new ones and publishes the statements version readers pair
-   with it. Then the batch's rows of the change feed (:mod:`.tables.feed`:
+   A probe of the translog (by ``bucket`` and ``id``) finds the files that
+   hold a row of the batch; Spark rewrites those (old rows merged with the
+   updates) and writes the rows of statements no file holds yet with them,
+   so a batch of new statements rewrites no file (without a probe: every
+   file whose bucket range overlaps the batch). One commit removes the old
+   files, adds the new ones and publishes the statements version readers
+   pair with it. Then the batch's rows of the change feed (:mod:`.tables.feed`:
    the statements it made live or dead, by entity) are committed, tagged
    with that translog version; a crash between the two commits leaves the
    version out of the feed, which readers take as a gap (their full path).
@@ -36,8 +44,10 @@ held; a flush that lost its lock commits nothing.
 Why this survives a crash anywhere: newness is decided against the main
 table, so a retry after step 4 finds the statements there and does not
 append them twice; the translog update is a min/max/last merge, so applying
-it twice gives the same row; the journal still holds every row not yet in
-both tables (the next flush claims a dead flush's rows again). Files
+it twice gives the same row (a retry's probe finds the rows a dead run
+committed, in whatever file, and merges into them rather than adding a
+second row: min/max pruning skips only row groups that cannot hold a key);
+the journal still holds every row not yet in both tables (the next flush claims a dead flush's rows again). Files
 written by a run that died before its commit are not in the Delta log
 (readers never see them) and ``vacuum`` removes them.
 
@@ -49,7 +59,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +70,7 @@ from lakehouse_assets import faults, progress, staging
 from lakehouse_assets.errors import LockedError
 from lakehouse_assets.journal import Claim
 from lakehouse_assets.locks import Fence
-from lakehouse_assets.reduce import reduce_events
+from lakehouse_assets.reduce import REDUCED_SCHEMA, reduce_events
 from lakehouse_assets.spark.journal_source import journal_frame, reachable
 from lakehouse_assets.spark.session import (
     get_spark,
@@ -70,6 +80,7 @@ from lakehouse_assets.spark.session import (
 )
 from lakehouse_assets.tables import feed
 from lakehouse_assets.tables.delta import commit, remove_action
+from lakehouse_assets.tables.probe import probe
 from lakehouse_assets.tables.schemas import (
     CHANGES_SCHEMA,
     PROVENANCE_FIELDS,
@@ -77,7 +88,7 @@ from lakehouse_assets.tables.schemas import (
     STATEMENTS_SCHEMA,
     TRANSLOG_SCHEMA,
 )
-from lakehouse_assets.tables.snapshot import Snapshot
+from lakehouse_assets.tables.snapshot import Snapshot, read_files
 from lakehouse_assets.tables.spark_io import arrow_frame, read_snapshot, write_files
 
 if TYPE_CHECKING:
@@ -111,6 +122,12 @@ class FlushResult:
     seconds: float = 0.0
     #: leftovers of killed runs removed by this one (staging areas, Spark scratch)
     cleaned: dict[str, Any] = field(default_factory=dict)
+    #: row groups the newness check and the translog update probed, of those the
+    #: files they could have scanned hold (:mod:`.tables.probe`)
+    row_groups_read: int = 0
+    row_groups_total: int = 0
+    #: translog files rewritten (holding a row of a statement of the batch)
+    translog_files_rewritten: int = 0
 
     @property
     def changed(self) -> bool:
@@ -129,6 +146,9 @@ class FlushResult:
             "translog_version": self.translog_version,
             "seconds": round(self.seconds, 3),
             "cleaned": self.cleaned,
+            "row_groups_read": self.row_groups_read,
+            "row_groups_total": self.row_groups_total,
+            "translog_files_rewritten": self.translog_files_rewritten,
         }
 
 
@@ -172,8 +192,18 @@ def rewrite_translog(
     fence: Fence,
     publishes: int | None,
     staging_uri: str,
+    keys: pa.Table | None = None,
+    result: FlushResult | None = None,
 ) -> int | None:
-    """Upsert translog rows: rewrite the files that may hold them, in one commit.
+    """Upsert translog rows: rewrite the files that hold them, in one commit.
+
+    With the batch's ``keys`` (:data:`KEY_SCHEMA`) the files that hold a
+    row of one of them are found by a probe of their row groups
+    (:mod:`.tables.probe`): only those are rewritten, and the rows of
+    statements no file holds yet (new ones) are written with them, into new
+    files, so a batch of new statements rewrites nothing. Without keys, or where the
+    probe would read most of the table, every file whose bucket range
+    overlaps the batch's ``span`` is rewritten.
 
     A row's ``first_seen`` only moves back, ``last_seen`` only forward,
     ``deleted_at`` and the last tenant/write are the last event's, and the
@@ -188,6 +218,16 @@ def rewrite_translog(
     options = location.storage_options
     snapshot = Snapshot.load(location)
     old_files = snapshot.select(span)
+    found = None
+    if keys is not None and old_files:
+        found = probe(old_files, TRANSLOG_SCHEMA, options, keys, key_column="id")
+    if found is not None:
+        old_files = [f for f in old_files if f.path in found.files]
+        if result is not None:
+            result.row_groups_read += found.row_groups_read
+            result.row_groups_total += found.row_groups_total
+    if result is not None:
+        result.translog_files_rewritten += len(old_files)
     old = (
         read_snapshot(spark, old_files, TRANSLOG_SCHEMA, options)
         .withColumn("_stored", F.lit(True))
@@ -241,15 +281,37 @@ def rewrite_translog(
 TASK_ROWS = 200_000
 
 
+#: A batch of at most this many statements probes the tables' row groups for its
+#: keys (:mod:`.tables.probe`, on the driver); a larger one scans its buckets
+#: with Spark (its keys would be a large share of most tables anyway).
+PROBE_STATEMENTS = 200_000
+
+
+#: The columns of a batch's keys (:func:`_key_table`).
+KEY_SCHEMA = pa.schema(
+    [
+        pa.field("origin", pa.string()),
+        pa.field("id", pa.string()),
+        pa.field("bucket", pa.int32()),
+        pa.field("canonical_id", pa.string()),
+    ]
+)
+
+
+def _key_table(reduced: pa.Table) -> pa.Table:
+    return reduced.select(KEY_SCHEMA.names).cast(KEY_SCHEMA)
+
+
 def _reduced_frame(
     spark: SparkSession,
     ds: DatasetContext,
     claim: Claim,
     batch: list[tuple[int, int]],
     staging_uri: str,
-) -> tuple[DataFrame, int, int]:
+) -> tuple[DataFrame, int, int, Callable[[], pa.Table]]:
     """The batch's statements, reduced, as a DataFrame over staged Parquet, how
-    many, and how many of them are tombstones.
+    many, how many of them are tombstones, and a reader of their keys
+    (:data:`KEY_SCHEMA`) on the driver (from the staged files: no Spark job).
 
     Spark's tasks read and reduce the journal in parallel where they can open
     it (:mod:`spark.journal_source`); otherwise the driver reads it, reduces
@@ -258,7 +320,7 @@ def _reduced_frame(
     url = ds.journal.url
     options = dict(ds.statements_table.storage_options)
     if reachable(url, spark, ds.settings):
-        return journal_frame(
+        frame, rows, deleted, files = journal_frame(
             spark,
             url,
             claim,
@@ -267,10 +329,16 @@ def _reduced_frame(
             staging_uri=staging_uri,
             storage_options=options,
         )
+
+        def staged_keys() -> pa.Table:
+            return _key_table(read_files(files, REDUCED_SCHEMA, options, columns=KEY_SCHEMA.names))
+
+        return frame, rows, deleted, staged_keys
     events = ds.journal.read_claimed(claim, [b for b, _ in batch])
     reduced = reduce_events(events)
     deleted = reduced.num_rows - reduced.column("deleted_at").null_count
-    return arrow_frame(spark, reduced, staging_uri, options), reduced.num_rows, deleted
+    frame = arrow_frame(spark, reduced, staging_uri, options)
+    return frame, reduced.num_rows, deleted, lambda: _key_table(reduced)
 
 
 def _flush_batch(
@@ -293,26 +361,46 @@ def _flush_batch(
     span = (min(buckets), max(buckets))
     main = ds.statements_table
     options = main.storage_options
-    reduced, statements, deleted = _reduced_frame(spark, ds, claim, batch, staging_uri)
+    reduced, statements, deleted, key_reader = _reduced_frame(spark, ds, claim, batch, staging_uri)
     step("read %d journal rows, reduced to %d statements", journal_rows, statements)
     # under the lock the latest version holds everything committed, published or not
     main_snapshot = Snapshot.load(main)
     main_files = main_snapshot.select(span)
+    # the batch's keys, for probes of the row groups that can hold them (a small
+    # batch into a large table reads a row group or two per entity, not the table)
+    keys = key_reader() if main_files and statements <= PROBE_STATEMENTS else None
     if main_files:
-        in_main = (
-            read_snapshot(
-                spark,
+        found = None
+        if keys is not None:
+            found = probe(
                 main_files,
-                pa.schema([STATEMENTS_SCHEMA.field(c) for c in ("id", "bucket", "origin")]),
+                STATEMENTS_SCHEMA,
                 options,
+                keys,
+                key_column="canonical_id",
                 partition=STATEMENTS_PARTITION,
-                buckets=buckets,
             )
-            .select("origin", "id")
-            .distinct()
-            .withColumn("in_main", F.lit(True))
-        )
+        if found is not None:
+            result.row_groups_read += found.row_groups_read
+            result.row_groups_total += found.row_groups_total
+            stored = found.rows.select(["origin", "id"]).group_by(["origin", "id"]).aggregate([])
+            in_main = arrow_frame(spark, stored, staging_uri, options)
+        else:  # a batch spread over most of the table: one scan of its buckets
+            in_main = (
+                read_snapshot(
+                    spark,
+                    main_files,
+                    pa.schema([STATEMENTS_SCHEMA.field(c) for c in ("id", "bucket", "origin")]),
+                    options,
+                    partition=STATEMENTS_PARTITION,
+                    buckets=buckets,
+                )
+                .select("origin", "id")
+                .distinct()
+            )
+        in_main = in_main.withColumn("in_main", F.lit(True))
         keyed = reduced.join(in_main, ["origin", "id"], "left").cache()
+        step("found stored statements (%s)", "probed" if found is not None else "scan")
     else:  # nothing stored in these buckets yet: every live statement is new
         keyed = reduced.withColumn("in_main", F.lit(None).cast("boolean"))
     new = keyed.where(F.col("in_main").isNull() & F.col("deleted_at").isNull()).select(
@@ -384,6 +472,8 @@ def _flush_batch(
         fence=fence,
         publishes=published,
         staging_uri=staging_uri,
+        keys=keys,
+        result=result,
     )
     step("rewrote translog")
     if version is not None:

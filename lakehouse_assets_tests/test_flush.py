@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from hypothesis import given, settings
@@ -164,9 +165,9 @@ def test_flush_in_many_batches_equals_one_batch(
     real = flush.journal_frame
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        frame, rows, deleted = real(*args, **kwargs)
+        frame, rows, deleted, files = real(*args, **kwargs)
         staged.append(len(frame.inputFiles()))
-        return frame, rows, deleted
+        return frame, rows, deleted, files
 
     monkeypatch.setattr(flush, "journal_frame", counted)
     r3 = tasks.flush()
@@ -355,3 +356,78 @@ def test_a_flush_tasks_worker_imports_no_followthemoney() -> None:
     assert lakehouse_assets.Lakehouse is Lakehouse
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         _ = lakehouse_assets.Nope  # type: ignore[attr-defined]
+
+
+def _commit_actions(location: Any, version: int) -> tuple[list[str], list[str]]:
+    """The paths a Delta commit added and removed, from its own log entry."""
+    import json
+    from pathlib import Path
+
+    entry = Path(location.uri.removeprefix("file://")) / "_delta_log" / f"{version:020d}.json"
+    actions = [json.loads(line) for line in entry.read_text().splitlines() if line.strip()]
+    return (
+        [a["add"]["path"] for a in actions if "add" in a],
+        [a["remove"]["path"] for a in actions if "remove" in a],
+    )
+
+
+def test_a_small_flush_touches_only_what_holds_its_statements(
+    spark: SparkSession, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: a flush costs in proportion to its input, not to the table. New
+    statements only add files (no translog file is rewritten); an entity written
+    again rewrites only the translog file that holds its statements; the newness
+    check reads the row groups that can hold the batch's entities, not the table."""
+    from lakehouse_assets.tables import spark_io
+
+    # small row groups, so that a test-sized table has many (the files' layout is
+    # the real one: sorted by bucket, then entity / statement id)
+    monkeypatch.setattr(spark_io, "ROW_GROUP_ROWS", 8)
+    ds = local_lake.create_dataset("proportional")
+
+    def person(i: int, *names: str) -> dict[str, Any]:
+        return {"id": f"p{i}", "schema": "Person", "properties": {"name": [f"P {i}", *names]}}
+
+    stored = sum(ds.add_entity(person(i), origin="import") for i in range(200))
+    ds.flush()
+    flushes = 3
+    for group in range(flushes):  # small flushes of new entities, spread over the buckets
+        written = sum(
+            ds.add_entity(person(i), origin="import")
+            for i in range(1000 + 3 * group, 1003 + 3 * group)
+        )
+        result = ds.flush()
+        stored += written
+        assert result.new == written and result.translog_version is not None
+        added, removed = _commit_actions(ds.translog_table, result.translog_version)
+        assert len(added) == 1
+        assert removed == []  # old code: every translog file overlapping the buckets
+        assert result.translog_files_rewritten == 0
+    log_files = Snapshot.load(ds.translog_table).files
+    assert len(log_files) == 1 + flushes
+    p3 = {r["id"] for r in table_rows(ds) if r["canonical_id"] == "p3"}
+    holding = {
+        f.path
+        for f in log_files
+        if p3 & set(pq.read_table(f.uri.removeprefix("file://")).column("id").to_pylist())
+    }
+    assert len(holding) == 1
+
+    # one entity of the first flush written again with one more value
+    n = ds.add_entity(person(3, "again"), origin="import")
+    result = ds.flush()
+    assert result.new == 1 and result.duplicates == n - 1
+    added, removed = _commit_actions(ds.translog_table, result.translog_version or 0)
+    assert set(removed) == holding and len(added) == 1
+    assert result.translog_files_rewritten == 1
+    # the newness check and the translog probe read a few row groups of many
+    assert 0 < result.row_groups_read * 4 < result.row_groups_total
+
+    # and the tables are what they should be: one translog row per stored statement
+    rows = table_rows(ds)
+    log = table_rows(ds, "translog")
+    assert len(rows) == stored + 1
+    assert [(r["origin"], r["id"]) for r in log] == [(r["origin"], r["id"]) for r in rows]
+    assert all(r["deleted_at"] is None for r in log)
+    entity = ds.get_entity("p3")
+    assert entity is not None and "again" in entity.get("name")

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from lakehouse_assets.journal import Claim, Journal
     from lakehouse_assets.settings import Settings
+    from lakehouse_assets.tables.snapshot import DataFile
 
 SOURCE_NAME = "lakehouse_journal"
 
@@ -173,10 +174,11 @@ def journal_frame(
     *,
     staging_uri: str,
     storage_options: dict[str, str],
-) -> tuple[DataFrame, int, int]:
+) -> tuple[DataFrame, int, int, list[DataFile]]:
     """The reduced claimed rows of ``buckets`` (bucket, rows) as a DataFrame over
-    Parquet files staged by Spark's tasks, how many rows they hold, and how
-    many of those are tombstones."""
+    Parquet files staged by Spark's tasks, how many rows they hold, how many
+    of those are tombstones, and the staged files (the driver reads a batch's
+    keys from them without a Spark job)."""
     from dataclasses import asdict
 
     from lakehouse_assets.reduce import REDUCED_SCHEMA
@@ -199,4 +201,5 @@ def journal_frame(
     )
     files = [DataFile(r["uri"], r["path"], int(r["size"]), {}, None, None) for r in staged]
     frame = read_snapshot(spark, files, REDUCED_SCHEMA, storage_options)
-    return frame, sum(int(r["rows"]) for r in staged), sum(int(r["deleted"]) for r in staged)
+    rows, deleted = sum(int(r["rows"]) for r in staged), sum(int(r["deleted"]) for r in staged)
+    return frame, rows, deleted, files
