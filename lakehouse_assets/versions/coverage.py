@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.conventions import diff_index_path
 from lakehouse_assets.tables.delta import DeltaLocation
+from lakehouse_assets.versions.feed import LAKEHOUSE_VERSION, catalog_record
 from lakehouse_assets.versions.manifest import graph_state_core
 from lakehouse_assets.versions.report import Problem, VerifyReport
 
@@ -390,20 +391,19 @@ def _catalog_entry(
         return None
     if not listed:
         return None
-    named = listed[0].get("version")
+    # the lake's record (an object under `version` before followthemoney's model)
+    named = listed[0].get(LAKEHOUSE_VERSION, listed[0].get("version"))
     if named is None:
         return None
     try:
         version = versions.get(int(named["sequence"]))
     except (KeyError, TypeError, ValueError):
         version = None
-    if version is None or named != {
-        "sequence": version.sequence,
-        "hash": version.hash,
-        "logical_hash": version.manifest.get("logical_hash"),
-        "published_at": version.manifest.get("created_at"),
-        "manifest": version.path,
-    }:
+    if (
+        version is None
+        or named != catalog_record(version)
+        or (LAKEHOUSE_VERSION in listed[0] and listed[0].get("version") != version.version_id)
+    ):
         report.problems.append(
             Problem(None, path, f"catalog names a version of {ds.name!r} the chain does not have")
         )
