@@ -89,6 +89,7 @@ from lakehouse_assets.versions.chain import (
 )
 from lakehouse_assets.versions.coverage import vacuum_ran
 from lakehouse_assets.versions.diffs import (
+    changes_between,
     diff_from_export,
     entity_changes,
     render_diff,
@@ -162,6 +163,7 @@ __all__ = [
     "canonical_json",
     "chain_entry_path",
     "changed_translog_rows",
+    "changes_between",
     "covers",
     "delta_tags",
     "diff_from_export",
