@@ -125,6 +125,14 @@ def test_catalog_and_dataset_index_parse_with_followthemoney(
     # the version id sorts as the chain does, and `versions` shows it
     assert followthemoney_version_ok(head.version_id)
     assert ds.verify().ok
+    # yente's delta index pointing a version at another file: verify names it
+    deltas_path = root / cv.diff_index_path("parsed")
+    deltas = json.loads(deltas_path.read_text())
+    assert list(deltas["versions"]) == [head.version_id]
+    deltas["versions"][head.version_id] = f"{url}/parsed/entities.ftm.json"
+    deltas_path.write_text(json.dumps(deltas))
+    problems = [str(p) for p in ds.verify().problems]
+    assert any("delta index names" in p and head.version_id in p for p in problems), problems
 
 
 def followthemoney_version_ok(version_id: str) -> bool:

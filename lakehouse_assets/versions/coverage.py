@@ -362,6 +362,24 @@ def check_diff_index(ds: DatasetContext, versions: Sequence[Version], report: Ve
     by_seq = {v.sequence: v for v in versions}
     for seq in sorted(set(entries) - set(by_seq)):
         report.problems.append(Problem(seq, path, "diff index names a version the chain lacks"))
+    # yente's delta index: each version id names that version's own diff
+    by_id = {v.version_id: v for v in versions}
+    listed = data.get("versions") or {}
+    if not isinstance(listed, dict):
+        report.problems.append(Problem(None, path, "delta index `versions` is not valid"))
+        listed = {}
+    for vid, url in listed.items():
+        version = by_id.get(vid)
+        diff = (version.manifest.get("diff") or {}) if version else {}
+        name = str(diff.get("path", "")).rsplit("/", 1)[-1]
+        if version is None or not name or (not str(url).endswith("/" + name) and url != name):
+            report.problems.append(
+                Problem(
+                    version.sequence if version else None,
+                    path,
+                    f"delta index names {vid!r} with a file that is not its diff",
+                )
+            )
     for version in versions:
         entry = entries.get(version.sequence)
         if entry is None:

@@ -72,6 +72,7 @@ class PublishResult:
         return {
             "sequence": self.version.sequence if self.version else None,
             "hash": self.version.hash if self.version else None,
+            "version_id": self.version.version_id if self.version else None,
             "skipped": self.skipped,
             "diff": self.diff,
         }
