@@ -161,7 +161,9 @@ def test_without_a_public_url_the_metadata_has_paths_not_urls(
     assert deltas["versions"] == {head.version_id: head.manifest["diff"]["path"].rsplit("/", 1)[-1]}
 
 
-def test_the_catalog_parses_on_s3(spark: SparkSession, s3_settings: Settings) -> None:
+def test_the_catalog_parses_on_s3(
+    spark: SparkSession, s3_settings: Settings, tmp_path: Path
+) -> None:
     """The same on an S3 lake (its public URL: the bucket's HTTP endpoint)."""
     from lakehouse_assets_tests.conftest import make_bucket
 
@@ -170,7 +172,7 @@ def test_the_catalog_parses_on_s3(spark: SparkSession, s3_settings: Settings) ->
     lake = Lakehouse(
         f"s3://{bucket}/lake",
         settings=s3_settings.model_copy(update={"public_url": public}),
-        journal_url="sqlite:///:memory:",
+        journal_url=f"sqlite:///{tmp_path / 'j.sqlite'}",
     )
     ds = lake.create_dataset("on_s3")
     ds.write_entities([json.dumps(e).encode() for e in sample_entities()], origin="a")
