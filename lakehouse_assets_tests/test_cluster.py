@@ -28,6 +28,7 @@ from lakehouse_assets import Lakehouse, Settings
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import ConfigurationError
 from lakehouse_assets.locks import pid_alive
+from lakehouse_assets.spark.session import stages_line
 from lakehouse_assets_tests.conftest import (
     SPARK_MODE,
     cli_args,
@@ -252,16 +253,34 @@ def test_an_executor_killed_mid_flush_and_mid_export_loses_nothing(
                     return
             time.sleep(0.05)
 
+    lines: list[str] = []
+
+    def watch(stop: threading.Event) -> None:
+        """The progress line (spark.session.stages_line) of every sample of the run."""
+        while not stop.is_set():
+            infos = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+            stages = [
+                (i.numCompletedTasks, i.numTasks, i.numActiveTasks, i.numFailedTasks)
+                for i in infos
+                if i is not None
+            ]
+            if stages:
+                lines.append(stages_line(stages))
+            time.sleep(0.05)
+
     def disturbed(step):  # type: ignore[no-untyped-def]
         stop = threading.Event()
         killer = threading.Thread(target=kill_when_busy, args=(stop,), daemon=True)
+        watcher = threading.Thread(target=watch, args=(stop,), daemon=True)
         killed.clear()
         killer.start()
+        watcher.start()
         try:
             return step()
         finally:
             stop.set()
             killer.join()
+            watcher.join()
 
     result = disturbed(ds.flush)
     assert killed, "no executor was killed: the flush ran no task"
@@ -276,6 +295,9 @@ def test_an_executor_killed_mid_flush_and_mid_export_loses_nothing(
     exported = _export_bytes(ds)
     ds.export(["statements"], force=True)
     assert _export_bytes(ds) == exported
+    # the progress shown while tasks were lost and rerun never counts more than there are
+    counts = [line.split(" tasks", 1)[0].split("/") for line in lines]
+    assert counts and all(int(done) <= int(total) for done, total in counts)
 
 
 def _export_bytes(ds) -> bytes:  # type: ignore[no-untyped-def]
@@ -328,5 +350,89 @@ def test_a_connect_server_on_the_cluster_runs_the_shipped_code(
         exported = _export_bytes(ds)
         rows = list(csv.reader(io.StringIO(exported.decode("utf-8"), newline="")))
         assert len(rows) == written + 1  # a header and every statement
+    finally:
+        connect.stop(server, port)
+
+
+def _can_hide_folders() -> bool:
+    """Whether this machine lets a process get its own mount namespace (root, or
+    user namespaces): how a test makes a server that cannot see a folder."""
+    probe = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "true"], capture_output=True, check=False
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.slow
+def test_a_loopback_connect_server_that_cannot_see_this_disk_is_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """A local-mode Connect server at 127.0.0.1 that is not this machine's (a
+    tunnel, ``ssh -L``, to a server elsewhere) was taken as local: its tasks
+    opened the SQLite journal themselves and failed deep in the flush (``unable
+    to open database``). Here the server runs in its own mount namespace, where
+    the client's cache folder (its journal and probe files) is an empty tmpfs:
+    the client asks the server to read a file it wrote, finds it cannot, ships
+    the code and reads the journal itself; the flush and exports complete."""
+    import json
+    import shutil
+
+    from lakehouse_assets.spark import connect
+
+    if shutil.which("unshare") is None or not _can_hide_folders():
+        pytest.skip("no mount namespaces here (unshare -m refused): cannot hide a folder")
+    hidden = tmp_path / "client-cache"
+    hidden.mkdir()
+    server = Settings(cache_dir=str(tmp_path / "server-cache"))
+    port = free_port()
+    start = (
+        "import sys\n"
+        "from lakehouse_assets.settings import Settings\n"
+        "from lakehouse_assets.spark import connect\n"
+        "print(connect.start(Settings(), int(sys.argv[1])).running)\n"
+    )
+    env = {**os.environ, "LAKEHOUSE_CACHE_DIR": server.cache_dir}
+    for key in ("LAKEHOUSE_SPARK_MASTER", "LAKEHOUSE_SPARK_CONFIG", "LAKEHOUSE_SPARK_REMOTE"):
+        env.pop(key, None)
+    started = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            'mount -t tmpfs none "$1" && shift && exec "$@"',
+            "sh",
+            str(hidden),
+            sys.executable,
+            "-c",
+            start,
+            str(port),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    try:
+        assert started.stdout.strip() == "True", started.stderr
+        lake = Lakehouse(tmp_path / "lake", journal_url=f"sqlite:///{hidden / 'journal.sqlite'}")
+        ds = lake.create_dataset("through_a_tunnel")
+        written = sum(ds.add_entity(e, origin="import") for e in sample_entities())
+        client = lakehouse_env(
+            lake,
+            LAKEHOUSE_CACHE_DIR=str(hidden),
+            LAKEHOUSE_SPARK_REMOTE=connect.client_url(server, port),
+        )
+        for key in ("LAKEHOUSE_SPARK_MASTER", "LAKEHOUSE_SPARK_CONFIG"):
+            client.pop(key, None)
+        done = _cli(*cli_args(ds), "make", "--json", env=client)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert ds.journal.count(ds.name) == 0 and len(table_rows(ds)) == written
+        summary = json.loads(done.stdout)
+        assert summary, done.stdout
+        assert list(hidden.glob("probes/connect-*")) == []  # the probe file is gone
     finally:
         connect.stop(server, port)

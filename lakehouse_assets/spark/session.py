@@ -131,6 +131,21 @@ class _Throttle:
             progress.log.info("spark: %s", text)
 
 
+def stages_line(stages: list[tuple[int, int, int, int]]) -> str:
+    """The progress line for running stages given as (done, total, running, failed).
+
+    Spark counts a task again when it reruns it (an executor lost, a stage
+    attempt resubmitted), so a stage's completions can exceed its tasks
+    (``6/2 tasks``): each stage's count is capped at its tasks, and the
+    reruns are named instead."""
+    done = sum(min(d, t) for d, t, _, _ in stages)
+    total = sum(t for _, t, _, _ in stages)
+    running = sum(r for _, _, r, _ in stages)
+    failed = sum(f for _, _, _, f in stages)
+    line = f"{done}/{total} tasks of {len(stages)} stage(s), {running} running"
+    return line + (f", {failed} failed and retried" if failed else "")
+
+
 def watch_spark(spark: SparkSession) -> None:
     """Report Spark's running stages (tasks done / total) on the progress logger
     while this process lives; once per session."""
@@ -149,12 +164,13 @@ def watch_spark(spark: SparkSession) -> None:
         def handler(stages: Any = None, inflight_tasks: int = 0, **_: Any) -> None:
             if not stages:
                 return
-            done = sum(int(getattr(s, "num_completed_tasks", 0)) for s in stages)
-            total = sum(int(getattr(s, "num_tasks", 0)) for s in stages)
-            if total:
-                throttle(
-                    f"{done}/{total} tasks of {len(stages)} stage(s), {inflight_tasks} running"
-                )
+            counts = [
+                (int(getattr(s, "num_completed_tasks", 0)), int(getattr(s, "num_tasks", 0)), 0, 0)
+                for s in stages
+            ]
+            if any(total for _, total, _, _ in counts):
+                counts[0] = (*counts[0][:2], inflight_tasks, 0)
+                throttle(stages_line(counts))
 
         register(handler)
         return
@@ -168,10 +184,14 @@ def watch_spark(spark: SparkSession) -> None:
                 return
             running = [i for i in infos if i is not None]
             if running:
-                done = sum(i.numCompletedTasks for i in running)
-                total = sum(i.numTasks for i in running)
-                active = sum(i.numActiveTasks for i in running)
-                throttle(f"{done}/{total} tasks of {len(running)} stage(s), {active} running")
+                throttle(
+                    stages_line(
+                        [
+                            (i.numCompletedTasks, i.numTasks, i.numActiveTasks, i.numFailedTasks)
+                            for i in running
+                        ]
+                    )
+                )
             time.sleep(1.0)
 
     threading.Thread(target=poll, name="lakehouse-spark-progress", daemon=True).start()
@@ -326,14 +346,50 @@ def runs_elsewhere(spark: SparkSession, settings: Settings) -> bool:
         from lakehouse_assets.spark.connect import is_loopback
 
         url = remote_url(settings) or ""
-        host = urlparse(url.replace("sc://", "http://", 1)).hostname or ""
+        parsed = urlparse(url.replace("sc://", "http://", 1))
         master = str(spark.conf.get("spark.master", "local[*]"))
-        value = not (is_loopback(host) and master.startswith("local"))
+        local = is_loopback(parsed.hostname or "") and master.startswith("local")
+        value = not (local and _server_sees_this_disk(spark, settings, parsed.port or 15002))
     else:
         value = not str(spark.sparkContext.master).startswith("local")
     with contextlib.suppress(AttributeError):
         spark._lakehouse_elsewhere = value  # type: ignore[attr-defined]
     return value
+
+
+def _server_sees_this_disk(spark: SparkSession, settings: Settings, port: int) -> bool:
+    """Whether a local-mode Connect server at a loopback address runs on this machine.
+
+    A server this cache folder started is (its process is ours). Any other
+    loopback address may be a tunnel (``ssh -L``) to a server on another
+    machine, whose tasks would fail deep in a job on a SQLite journal or a
+    local lake they cannot open, and which lacks this package: so the server
+    is asked, once per session, to read a file just written here (a plain
+    text read, no Python on the server); a server that cannot is taken as
+    one elsewhere (the code is shipped, the journal read by this process)."""
+    from lakehouse_assets.spark.connect import status
+    from lakehouse_assets.spark.daemons import _private_dir
+
+    if status(settings, port).running:
+        return True
+    folder = _private_dir(settings.cache_path / "probes")
+    token = uuid.uuid4().hex
+    probe = folder / f"connect-{token}"
+    probe.write_text(token)
+    try:
+        rows = spark.read.text(probe.as_uri()).collect()
+    except Exception as exc:  # the server's own error: not found there, or unreadable
+        logging.getLogger(__name__).info(
+            "the Spark Connect server at 127.0.0.1:%s cannot read %s (%s): taken as a "
+            "server on another machine",
+            port,
+            probe,
+            _first_line(exc),
+        )
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+    return [r[0] for r in rows] == [token]
 
 
 def _first_line(exc: BaseException) -> str:
