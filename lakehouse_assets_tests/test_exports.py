@@ -699,5 +699,5 @@ def test_index_takes_the_checksums_the_export_pass_computed(
     manifest = ds.version().manifest  # type: ignore[union-attr]
     assert alone["version"]["sequence"] == 2
     assert {e["path"]: e["sha256"] for e in manifest["exports"]}[cv.STATEMENTS_CSV] == (
-        by_path[cv.STATEMENTS_CSV]["checksum"]
+        by_path[cv.STATEMENTS_CSV]["sha256"]
     )
