@@ -8,7 +8,13 @@ leaves, as the daemon runs them:
 
 - first: the first tick (every dataset is new to the sensor);
 - quiet: median of ``--ticks`` ticks with nothing new;
-- changed: a tick after 10 datasets were written to (one of them a new file).
+- changed: a tick after 10 datasets were written to (a journal tag and a queue
+  item pushed each; one of them a new file).
+
+``--sensors a,b`` times only those sensors (e.g. ``--sensors queue_items``);
+``--graphql`` also times the ``statements`` asset's partitions page (what the
+UI asks Dagster's GraphQL for: the partition keys and their statuses) with a
+materialization reported for each of the N datasets.
 
 ``--files N`` instead archives N files into one dataset of 21 (the older
 benchmark: the archive sensor's listing of one big archive).
@@ -68,7 +74,20 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=0, help="the one-big-archive benchmark")
     parser.add_argument("--ticks", type=int, default=5)
     parser.add_argument("--s3", action="store_true", help="also on a loopback moto_server")
+    parser.add_argument("--local", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--graphql", action="store_true", help="time the partitions page")
+    parser.add_argument(
+        "--sensors",
+        default="",
+        help="comma-separated sensor names to time (default: all of them)",
+    )
     args = parser.parse_args()
+    if args.sensors:
+        chosen = set(args.sensors.split(","))
+        unknown = chosen - {s.name for s in SENSORS}
+        if unknown:
+            parser.error(f"unknown sensor(s) {sorted(unknown)}")
+        SENSORS[:] = [s for s in SENSORS if s.name in chosen]
     work = Path(tempfile.mkdtemp(prefix="lakehouse-bench-sensors-"))
     (work / "src").mkdir()
     # the archived files are read from here (the file-access policy's roots)
@@ -77,9 +96,9 @@ def main() -> None:
         if args.files:
             many_files(work, args.files, args.ticks)
             return
-        lakes: list[tuple[str, Callable[[], contextlib.AbstractContextManager[Lakehouse]]]] = [
-            ("local", lambda: contextlib.nullcontext(local_lake(work)))
-        ]
+        lakes: list[tuple[str, Callable[[], contextlib.AbstractContextManager[Lakehouse]]]] = []
+        if args.local:
+            lakes.append(("local", lambda: contextlib.nullcontext(local_lake(work))))
         if args.s3:
             lakes.append(("s3", lambda: s3_lake(work)))
         print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores")
@@ -96,6 +115,8 @@ def main() -> None:
                 )
                 for name, first, quiet, changed in ticks(lake, names, args.ticks):
                     print(f"| {where} | `{name}` | {first} | {quiet} | {changed} |", flush=True)
+        if args.graphql:
+            print(partitions_page(args.datasets, args.ticks), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -198,6 +219,7 @@ def ticks(lake: Lakehouse, names: list[str], quiet_ticks: int) -> Iterator[tuple
         step = max(1, len(names) // CHANGED)
         for name in names[::step][:CHANGED]:
             Tags(lake.store, name).touch(cv.JOURNAL_LAST_UPDATED)
+            lake.dataset(name).queue.push("DELETE", "entity", {"entity_id": "p1"})
         lake.dataset(names[-1]).add_file(str(_source(lake, "a new memo")))
         for sensor in SENSORS:
             changed, _ = tick(instance, resource, sensor, cursors[sensor.name])
@@ -207,6 +229,57 @@ def ticks(lake: Lakehouse, names: list[str], quiet_ticks: int) -> Iterator[tuple
                 _ms(statistics.median(quiets[sensor.name])),
                 _ms(changed),
             )
+
+
+#: What the UI's partitions page of an asset asks for (keys and their statuses).
+PARTITIONS_PAGE = """
+query PartitionsPage($key: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $key) {
+    ... on AssetNode {
+      partitionKeysByDimension { name partitionKeys }
+      assetPartitionStatuses {
+        ... on DefaultPartitionStatuses {
+          materializedPartitions failedPartitions unmaterializedPartitions materializingPartitions
+        }
+      }
+    }
+  }
+}
+"""
+
+
+def partitions_page(count: int, rounds: int) -> str:
+    """The ``statements`` asset's partitions page through Dagster's GraphQL, in
+    process against a code server of the definitions: ``count`` partitions,
+    each with a reported materialization. Median of ``rounds`` loads."""
+    from dagster_graphql.test.utils import define_out_of_process_context, execute_dagster_graphql
+
+    import lakehouse_assets.definitions as definitions
+
+    names = [f"ds_{i:05d}" for i in range(count)]
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(DATASETS, names)
+        for name in names:
+            instance.report_runless_asset_event(
+                dg.AssetMaterialization(asset_key="statements", partition=name)
+            )
+        with define_out_of_process_context(str(definitions.__file__), "defs", instance) as ctx:
+            times = []
+            for _ in range(rounds):
+                start = time.perf_counter()
+                result = execute_dagster_graphql(
+                    ctx, PARTITIONS_PAGE, {"key": {"path": ["statements"]}}
+                )
+                times.append(time.perf_counter() - start)
+            node = result.data["assetNodeOrError"]
+            (dimension,) = node["partitionKeysByDimension"]
+            shown = len(node["assetPartitionStatuses"]["materializedPartitions"])
+            assert len(dimension["partitionKeys"]) == count and shown == count, (count, shown)
+    return (
+        f"partitions page of `statements` ({count:,} partitions, each materialized): "
+        f"median {_ms(statistics.median(times))}, first {_ms(times[0])} "
+        f"(load average {os.getloadavg()[0]:.2f})"
+    )
 
 
 def tick(

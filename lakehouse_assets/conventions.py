@@ -10,6 +10,7 @@ validated here *before* a path is built, so nothing can escape the lake
     ├── config.yml                       catalog configuration
     ├── versions/YYYY/MM/{timestamp}/    versioned catalog snapshots
     ├── .changes/{dataset}               rewritten after each move of a dataset's core tag
+    ├── .queue-changes/{dataset}         rewritten after each item pushed to a dataset's queue
     └── {dataset}/
         ├── config.yml                   dataset configuration
         ├── index.json                   dataset index with statistics
@@ -237,6 +238,23 @@ VERSIONS: Final = "versions"
 #: its core tags moved, so one listing of this folder tells a sensor which
 #: datasets changed (a dot: never a dataset name, skipped by the catalog).
 CHANGES: Final = ".changes"
+
+
+#: The lake's queue markers: one small file per dataset, rewritten after each
+#: item pushed to its queue, so the queue sensor lists this one folder per tick
+#: instead of every dataset's queue (apart from the core-tag markers: a push
+#: moves no tag, and must not wake the tag sensors).
+QUEUE_CHANGES: Final = ".queue-changes"
+
+
+def queue_marker(dataset: str) -> str:
+    """``.queue-changes/{dataset}``: its write time and fingerprint move with each push."""
+    return f"{QUEUE_CHANGES}/{dataset_name(dataset)}"
+
+
+#: The Dagster dynamic partitions of the datasets (one per dataset, by name):
+#: named here so the CLI can delete a deleted dataset's partition too.
+DAGSTER_PARTITIONS: Final = "datasets"
 
 
 def change_marker(dataset: str) -> str:

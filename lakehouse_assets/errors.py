@@ -86,6 +86,11 @@ class LockedError(LakehouseError):
     retryable = True
 
 
+class DatasetBusyError(LakehouseError):
+    """A dataset still has work in flight (journal rows not flushed) and was not
+    deleted: ``--force`` deletes it and that work."""
+
+
 class LockLostError(LakehouseError):
     """A writer's lock was broken (it was paused past the TTL, or unlocked by hand).
 

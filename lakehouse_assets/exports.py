@@ -95,6 +95,10 @@ class ExportResult:
     seconds: float = 0.0
     #: leftovers of killed exports removed by this one
     cleaned: dict[str, int] = field(default_factory=dict)
+    #: where the time went, by part (``spark start``, ``flush``, ``graph``,
+    #: ``exports``, ``index``; the CLI adds ``startup`` and ``other``): each
+    #: part's own seconds, so they add up to at most ``seconds``
+    parts: dict[str, float] = field(default_factory=dict)
     #: how the written exports were made: ``incremental`` (from the last ones and
     #: the change feed) or ``full``, and why not incremental (None if it was)
     mode: str | None = None
@@ -108,6 +112,7 @@ class ExportResult:
             "pending": self.pending,
             "snapshot": list(self.snapshot),
             "seconds": round(self.seconds, 3),
+            **({"parts": self.parts} if self.parts else {}),
             "cleaned": self.cleaned,
             "mode": self.mode,
             "reason": self.reason,
@@ -248,6 +253,7 @@ def _assemble(
     return _Written(target, size, digest.hexdigest(), sha1.hexdigest())
 
 
+@progress.part("exports")
 def _run_pass(
     ds: DatasetContext, kinds: frozenset[str], snapshot: DatasetSnapshot
 ) -> dict[str, dict[str, Any]]:
@@ -516,22 +522,29 @@ def make(ds: DatasetContext, force: bool = False) -> ExportResult:
     that records the graph index, current)."""
     from lakehouse_assets import graph
 
+    clock = time.monotonic()
     flushed = None
     updated = None
-    if graph.GraphState.load(ds) is not None:
-        # the index first, so the version published below records it current
-        flushed = flush_for_reading(ds, wait=ds.settings.lock_wait_seconds).result
-        progress.stage("make %s: updating the graph index", ds.name)
-        updated = graph.update(ds).as_dict()
-    result = export(ds, [STATEMENTS, ENTITIES, STATISTICS, INDEX], force)
+    with progress.collect() as parts:
+        if graph.GraphState.load(ds) is not None:
+            # the index first, so the version published below records it current
+            flushed = flush_for_reading(ds, wait=ds.settings.lock_wait_seconds).result
+            progress.stage("make %s: updating the graph index", ds.name)
+            with progress.part("graph"):
+                updated = graph.update(ds).as_dict()
+        result = export(ds, [STATEMENTS, ENTITIES, STATISTICS, INDEX], force)
     result.graph = updated
     if result.flushed is None and flushed is not None:
         result.flushed = flushed.as_dict()
+    # the whole of make (the graph index included), not the export pass alone
+    result.seconds = time.monotonic() - clock
+    result.parts = parts.rounded()
     version = (result.written.get(INDEX) or {}).get("version") or {}
     progress.stage(
-        "make %s: done in %.1f s%s",
+        "make %s: done in %.1f s (%s)%s",
         ds.name,
         result.seconds,
+        progress.parts_line(result.parts) or "nothing to do",
         f"; published version {version['sequence']}" if version.get("sequence") else "",
     )
     return result
@@ -602,6 +615,7 @@ def _resource_of(
     }
 
 
+@progress.part("index")
 def export_index(
     ds: DatasetContext,
     built: datetime | None = None,

@@ -560,7 +560,8 @@ def flush_for_reading(ds: DatasetContext, *, wait: float) -> ReaderFlush:
     the current snapshot and says how many journal rows are still pending.
     """
     try:
-        return ReaderFlush(ensure_flush(ds, wait=wait))
+        with progress.part("flush"):
+            return ReaderFlush(ensure_flush(ds, wait=wait))
     except LockedError as exc:
         pending = ds.journal.count(ds.name)
         log.warning(

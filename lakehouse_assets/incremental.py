@@ -606,6 +606,7 @@ def refresh(
         staging.remove(ds, staging_rel)
 
 
+@progress.part("exports")
 def attempt(
     ds: DatasetContext, kinds: frozenset[str], snapshot: DatasetSnapshot, *, force: bool = False
 ) -> tuple[dict[str, dict[str, Any]] | None, str | None]:

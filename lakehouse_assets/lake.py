@@ -18,6 +18,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -143,11 +144,80 @@ class Lakehouse:
             )
         return Dataset(self, name)
 
+    def delete_dataset(self, name: str, *, force: bool = False) -> DeletedDataset:
+        """Remove a dataset from the lake: every file under its folder (tables,
+        archive, exports, versions, queue, tags), its change marker and its
+        journal rows; the catalog ``index.json`` is rewritten without it.
+
+        Refused while its ``.LOCK`` or an operation lock is held by a live
+        process (``LockedError``) or journal rows wait for a flush
+        (``DatasetBusyError``), unless ``force``: then those writes are lost.
+        The dataset's ``.LOCK`` is held while its files go; its ``config.yml``
+        goes last but the lock, so a delete that died half-way is still a
+        dataset, and deleting it again finishes the work.
+        """
+        from lakehouse_assets.errors import DatasetBusyError, LakehouseError, LockedError
+
+        ds = self.dataset(name)
+        lock = ds.lock("delete")
+        holder = lock.try_acquire()
+        busy = [f"{lock.path} ({holder.describe()})"] if holder is not None else []
+        for path in self.store.list(cv.dataset_path(ds.name, cv.LOCKS) + "/"):
+            tenant, operation = path.split("/")[-2:]
+            try:
+                state = ds.operation_lock(operation, tenant=tenant).state()
+            except LakehouseError:  # not a lock file
+                continue
+            if state.held:
+                busy.append(f"{path} ({state.describe()})")
+        if busy and not force:
+            if holder is None:
+                lock.release()
+            raise LockedError(
+                f"dataset {ds.name} was not deleted: {'; '.join(busy)} is held; "
+                "wait for it, or delete anyway with --force"
+            )
+        pending = self.journal.count(ds.name)
+        if pending and not force:
+            if holder is None:
+                lock.release()
+            raise DatasetBusyError(
+                f"dataset {ds.name} was not deleted: {pending:,} journal rows wait for a "
+                f"flush (`lakehouse -d {ds.name} flush`), or delete them too with --force"
+            )
+        config = cv.dataset_path(ds.name, cv.CONFIG)
+        kept = {config, lock.path}
+        files = [p for p in self.store.list(cv.dataset_path(ds.name) + "/") if p not in kept]
+        removed = self.store.delete_many(files)
+        self.store.delete(config)
+        self.store.delete(cv.change_marker(ds.name))
+        self.store.delete(cv.queue_marker(ds.name))
+        rows = self.journal.clear(ds.name)
+        self.store.delete(lock.path)  # the lock last: no writer started meanwhile
+        self.store.remove_empty_folders(cv.dataset_path(ds.name))
+        self.write_catalog()
+        log.info("deleted dataset %s: %d files, %d journal rows", ds.name, removed + 1, rows)
+        return DeletedDataset(ds.name, removed + 1, rows, busy)
+
     def write_catalog(self, *, snapshot: bool = False) -> None:
         """Rewrite the catalog ``index.json`` (see :mod:`lakehouse_assets.versions.catalog_index`)."""
         from lakehouse_assets.versions.catalog_index import write_catalog
 
         write_catalog(self.store, self.dataset, snapshot=snapshot)
+
+
+@dataclass
+class DeletedDataset:
+    """What ``delete_dataset`` removed: files, journal rows (not flushed: lost),
+    and the locks it deleted anyway (with ``force``)."""
+
+    name: str
+    files: int
+    journal_rows: int
+    forced_locks: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 class Dataset(DatasetContext):
@@ -471,7 +541,21 @@ def warm_up(url: str, settings: Settings) -> None:
     On a fresh server the first flush of 26k journal rows took 17 s, the next ones
     4 s: JIT compilation, class loading and Python workers, not data. Passed to
     :func:`lakehouse_assets.spark.connect.start` by whoever starts the server."""
-    with tempfile.TemporaryDirectory(prefix="warm-up-", dir=settings.cache_path) as tmp:
+    import time
+
+    from lakehouse_assets import progress
+
+    # one line instead of a throwaway dataset's flush and export stages, which
+    # looked like work on the person's data
+    progress.stage(
+        "spark start: warming the new server up with a throwaway flush and export "
+        "(the first job on a fresh JVM is 4x slower); no data of yours is touched"
+    )
+    clock = time.monotonic()
+    with (
+        progress.quiet(),
+        tempfile.TemporaryDirectory(prefix="warm-up-", dir=settings.cache_path) as tmp,
+    ):
         lake = Lakehouse(
             str(Path(tmp) / "lake"),
             settings=settings.model_copy(update={"spark_remote": url, "journal_url": None}),
@@ -481,3 +565,4 @@ def warm_up(url: str, settings: Settings) -> None:
         with sample.open("rb") as fh:
             ds.write_entities(fh, origin="warm_up")
         ds.make()
+    progress.stage("spark start: warm after %.0f s", time.monotonic() - clock)

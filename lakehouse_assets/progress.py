@@ -11,9 +11,12 @@ process) or the progress handler of a Spark Connect session.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 log = logging.getLogger("lakehouse_assets.progress")
@@ -22,6 +25,79 @@ log = logging.getLogger("lakehouse_assets.progress")
 def stage(message: str, *args: object) -> None:
     """One progress line (``%``-style arguments, formatted only when shown)."""
     log.info(message, *args)
+
+
+class Parts:
+    """Where a command's time went, by named part (``spark start``, ``flush``,
+    ``graph``, ``exports``, ``index``): what ``make`` reports with its wall time.
+
+    A part's seconds are its own: a part that runs inside another (the Spark
+    start inside the flush) is taken out of the outer one, so the parts never
+    add up to more than the time they were collected over. Only the thread that
+    started collecting is timed (the parts are one command's steps in order).
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.thread = threading.get_ident()
+        self._inner: list[float] = []  # per open part: seconds of the parts inside it
+
+    def rounded(self) -> dict[str, float]:
+        return {name: round(s, 3) for name, s in self.seconds.items()}
+
+
+_parts: list[Parts] = []
+
+
+@contextlib.contextmanager
+def collect() -> Iterator[Parts]:
+    """Collect the :func:`part` timings of what runs inside (nested: an inner
+    collection's parts count in the outer one too)."""
+    parts = Parts()
+    _parts.append(parts)
+    try:
+        yield parts
+    finally:
+        _parts.remove(parts)
+
+
+@contextlib.contextmanager
+def part(name: str) -> Iterator[None]:
+    """Time a named part of the running command (a no-op when nothing collects)."""
+    active = [p for p in _parts if p.thread == threading.get_ident()]
+    if not active:
+        yield
+        return
+    for p in active:
+        p._inner.append(0.0)
+    clock = time.monotonic()
+    try:
+        yield
+    finally:
+        took = time.monotonic() - clock
+        for p in active:
+            inner = p._inner.pop()
+            p.seconds[name] = p.seconds.get(name, 0.0) + took - inner
+            if p._inner:
+                p._inner[-1] += took
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """No progress lines from what runs inside (a step the person did not ask
+    for, e.g. the Spark server's warm-up, says what it does in one line of its
+    own instead); warnings still show."""
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def parts_line(parts: dict[str, float]) -> str:
+    """``spark start 12.3 s, flush 4.0 s, ...``: the parts in the order they ran."""
+    return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in parts.items())
 
 
 class Steps:

@@ -16,13 +16,14 @@ matter to everything above it:
 from __future__ import annotations
 
 import builtins
+import contextlib
 import fcntl
 import hashlib
 import os
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -111,6 +112,18 @@ class Store(ABC):
     @abstractmethod
     def delete(self, path: str) -> None:
         """Remove ``path`` if it exists."""
+
+    def delete_many(self, paths: Iterable[str]) -> int:
+        """Remove each of ``paths`` (those that exist); how many were asked for."""
+        n = 0
+        for path in paths:
+            self.delete(path)
+            n += 1
+        return n
+
+    def remove_empty_folders(self, prefix: str) -> None:
+        """Remove the folders left empty under ``prefix`` (an object store has none)."""
+        return None
 
     @abstractmethod
     def list(self, prefix: str) -> Iterator[str]:
@@ -283,6 +296,16 @@ class LocalStore(Store):
 
     def delete(self, path: str) -> None:
         self._path(path).unlink(missing_ok=True)
+
+    def remove_empty_folders(self, prefix: str) -> None:
+        """Bottom up: each folder under ``prefix`` (and ``prefix``) that holds
+        nothing; a folder that does (an atomic write in progress) stays."""
+        base = self._path(prefix.rstrip("/"))
+        if not base.is_dir():
+            return
+        for dirpath, _dirs, _files in os.walk(base, topdown=False):
+            with contextlib.suppress(OSError):  # not empty
+                os.rmdir(dirpath)
 
     def list(self, prefix: str) -> Iterator[str]:
         base = self._path(prefix.rstrip("/")) if prefix else self.root
@@ -479,6 +502,24 @@ class S3Store(Store):
 
     def delete(self, path: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(path))
+
+    def delete_many(self, paths: Iterable[str]) -> int:
+        """Up to 1,000 keys a request (S3's ``DeleteObjects``), not one request each."""
+        keys = [self._key(p) for p in paths]
+        for start in range(0, len(keys), 1000):
+            batch = keys[start : start + 1000]
+            done = self.client.delete_objects(
+                Bucket=self.bucket,
+                Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+            )
+            failed = done.get("Errors") or []
+            if failed:
+                first = failed[0]
+                raise OSError(
+                    f"could not delete {len(failed)} object(s) in {self.uri}, "
+                    f"e.g. {first.get('Key')}: {first.get('Code')} {first.get('Message')}"
+                )
+        return len(keys)
 
     def list(self, prefix: str) -> Iterator[str]:
         full = self._key(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")

@@ -457,6 +457,52 @@ def test_long_commands_say_what_they_do_and_spark_stays_quiet(
     assert "WARN" in log or "WARNING" in log  # the JVM's own start-up lines went here
 
 
+def test_make_reports_the_commands_wall_time_and_its_parts(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A ``make`` process's total is its wall time (measured here, around the
+    process), not the export pass's: the parts it names (startup, Spark start,
+    flush, exports, index, other) add up to the total, and the person's
+    summary names the same parts as the JSON. A consistency check of the
+    reported numbers, not of speed."""
+    import os
+    import time
+
+    from lakehouse_assets.cli.output import _human
+
+    lake = Lakehouse(tmp_path / "lake")
+    ds = lake.create_dataset("timed")
+    ds.add_entity({"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}})
+    exe = str(Path(sys.executable).parent / "lakehouse")
+    env = {**os.environ, "LAKEHOUSE_CACHE_DIR": str(tmp_path / "cache")}
+    clock = time.monotonic()
+    made = subprocess.run(
+        [exe, "--lake", str(tmp_path / "lake"), "-d", "timed", "make", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    wall = time.monotonic() - clock
+    assert made.returncode == 0, made.stderr
+    result = json.loads(made.stdout)
+    parts = result["parts"]
+    assert {"startup", "spark start", "flush", "exports", "index", "other"} <= set(parts)
+    assert all(seconds >= 0 for seconds in parts.values())
+    total = result["seconds"]
+    assert sum(parts.values()) <= total + 0.01  # rounding
+    assert total <= wall
+    # what is left out: the fork before the process, the summary, the exit
+    assert wall - total <= max(1.5, 0.1 * wall), (wall, total)
+    took = [line for line in _human(result) if line.startswith("took")]
+    assert took == [
+        f"took       {total:.1f} s ("
+        + ", ".join(f"{name} {s:.1f}" for name, s in parts.items())
+        + ")"
+    ]
+    assert "make timed: done in" in made.stderr and "flush " in made.stderr
+
+
 def test_archive_text_put_get_ls(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     ok(run("datasets", "create", "demo"))
     doc = SAMPLE / "documents" / "notes.md"

@@ -320,13 +320,18 @@ def test_schedules_ask_for_one_run_over_every_dataset() -> None:
 def test_loading_the_definitions_shows_no_beta_or_preview_notice() -> None:
     """A code server loads the definitions at every start and every run: Dagster's
     notices about the two APIs we use on purpose (single-run backfills,
-    partitioned checks) repeated seven blocks each time. Loaded with every
-    warning shown, none of them is printed."""
+    partitioned checks) repeated seven blocks each time, and loading the
+    repository one per sensor (their `owners`). Loaded with every warning shown,
+    the repository built as a code server builds it, none of them is printed."""
     import subprocess
     import sys
 
+    load = (
+        "import lakehouse_assets.definitions as d\n"
+        "assert len(list(d.defs.get_repository_def().sensor_defs)) > 5\n"
+    )
     done = subprocess.run(
-        [sys.executable, "-W", "always", "-c", "import lakehouse_assets.definitions"],
+        [sys.executable, "-W", "always", "-c", load],
         capture_output=True,
         text=True,
         check=True,

@@ -17,12 +17,26 @@ from lakehouse_assets_tests.helpers.defs import resources
 def instance() -> Iterator[dg.DagsterInstance]:
     with dg.instance_for_test() as instance:
         yield instance
+        _cursors.pop(id(instance), None)
+
+
+#: The cursor each test's last tick left, as the daemon keeps it.
+_cursors: dict[int, str | None] = {}
 
 
 def tick(instance: dg.DagsterInstance, lake: Lakehouse) -> dg.SensorResult | dg.SkipReason:
-    with dg.build_sensor_context(instance=instance, resources=resources(lake)) as context:
+    """One tick from the cursor the last tick on this instance left; a quiet tick
+    that only saves its cursor is returned as its skip."""
+    cursor = _cursors.get(id(instance))
+    with dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources=resources(lake)
+    ) as context:
         result = queue_items(context)
     assert isinstance(result, dg.SensorResult | dg.SkipReason)
+    if isinstance(result, dg.SensorResult):
+        _cursors[id(instance)] = result.cursor or cursor
+        if not result.run_requests:
+            return dg.SkipReason(result.skip_reason.skip_message if result.skip_reason else None)
     return result
 
 
@@ -83,3 +97,37 @@ def test_no_second_run_while_one_is_waiting(
     skipped = tick(instance, local_lake)
     assert isinstance(skipped, dg.SkipReason)
     assert "being consumed: waiting" in (skipped.skip_message or "")
+
+
+def test_the_sensor_reads_only_marked_queues_and_sweeps_the_rest(
+    local_lake: Lakehouse, instance: dg.DagsterInstance
+) -> None:
+    """A push moves the dataset's queue marker: the next tick reads that queue and
+    SWEEP others in turn, not all of them; items copied in behind the API (no
+    marker) are found by the sweep within a few ticks, and a dataset whose items
+    are still there is asked for again."""
+    from lakehouse_assets import conventions as cv
+    from lakehouse_assets.defs.partitions import SWEEP
+    from lakehouse_assets.queue.ids import uuid7
+
+    names = [f"ds_{i:02d}" for i in range(SWEEP + 5)]
+    for name in names:
+        local_lake.create_dataset(name)
+    instance.add_dynamic_partitions(DATASETS, names)
+    assert isinstance(tick(instance, local_lake), dg.SkipReason)  # every queue read once
+    assert isinstance(tick(instance, local_lake), dg.SkipReason)
+
+    # an item in every queue, copied in behind the API (no marker moved) ...
+    for name in names:
+        local_lake.store.write_text(cv.queue_item(name, "open-aleph", uuid7()), "{}")
+    # ... and one pushed through it, into the last dataset (its marker moves)
+    local_lake.dataset(names[-1]).queue.push("DELETE", "entity", {"entity_id": "p1"})
+    assert local_lake.store.exists(cv.queue_marker(names[-1]))
+    first = tick(instance, local_lake)
+    assert isinstance(first, dg.SensorResult)
+    asked = [r.partition_key for r in first.run_requests or []]
+    assert names[-1] in asked and len(asked) == SWEEP + 1  # not every queue
+    # the next tick: those still waiting again, and the sweep reaches the rest
+    second = tick(instance, local_lake)
+    assert isinstance(second, dg.SensorResult)
+    assert sorted(r.partition_key or "" for r in second.run_requests or []) == names

@@ -244,3 +244,77 @@ def test_ticks_look_at_changed_datasets_and_sweep_the_rest(
     swept = next(i for i, found in enumerate(reported) if "d4" in found)
     assert 0 < swept < len(names) and reported.count({"d4"}) == 1
     assert set().union(*reported) == {"d1", "d4"}
+
+
+def test_datasets_delete_removes_the_folder_and_the_partition(
+    lake: Lakehouse, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lakehouse datasets delete``: asks first; refused while a lock is held or
+    journal rows wait; with --force every file of the dataset goes (local and
+    S3), its journal rows, change marker and catalog entry, and its partition in
+    the instance of DAGSTER_HOME; the sensor then finds nothing to do."""
+    from click.testing import CliRunner
+
+    from lakehouse_assets.cli import cli
+    from lakehouse_assets_tests.conftest import lakehouse_env
+
+    ds = lake.create_dataset("gone")
+    lake.create_dataset("stays")
+    ds.add_entity({"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}})
+    memo = tmp_path / "memo.txt"
+    memo.write_text("a memo")
+    ds.add_file(str(memo))
+    ds.queue.push("DELETE", "entity", {"entity_id": "p2"})
+    assert lake.store.exists(cv.change_marker("gone"))
+    assert lake.store.exists(cv.queue_marker("gone"))
+    files = list(lake.store.list("gone/"))
+    rows = lake.journal.count("gone")
+    assert rows > 0
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with dg.DagsterInstance.get() as instance:
+        instance.add_dynamic_partitions(DATASETS, ["gone", "stays"])
+
+    def delete(*args: str, answer: str | None = None) -> tuple[int, str]:
+        env = lakehouse_env(lake, DAGSTER_HOME=str(home))
+        done = CliRunner().invoke(cli, ["datasets", "delete", "gone", *args], input=answer, env=env)
+        return done.exit_code, done.output
+
+    code, said = delete(answer="n")  # asked, and declined
+    assert code == 1 and "Delete dataset gone" in said
+    lock = ds.lock("flush")
+    lock.acquire()
+    code, said = delete("--yes")
+    assert code == 1 and "gone was not deleted" in said and ".LOCK" in said, said
+    lock.release()
+    code, said = delete("--yes")
+    assert code == 1 and f"{rows} journal rows wait for a flush" in said, said
+    # nothing touched (a lock taken and released leaves its free .LOCK)
+    assert [p for p in lake.store.list("gone/") if p != "gone/.LOCK"] == files
+
+    code, said = delete("--yes", "--force")
+    assert code == 0, said
+    assert f"deleted gone: {len(files)} files, {rows} journal rows not flushed" in said
+    assert "Dagster partition deleted" in said
+    assert list(lake.store.list("gone/")) == []
+    assert lake.store.list_dirs("", empty=True) == [
+        n for n in lake.store.list_dirs("", empty=True) if n != "gone"
+    ]
+    assert lake.datasets() == ["stays"]
+    assert lake.journal.count("gone") == 0
+    assert not lake.store.exists(cv.change_marker("gone"))
+    assert not lake.store.exists(cv.queue_marker("gone"))
+    catalog = lake.store.read_text(cv.CATALOG_INDEX)
+    assert '"stays"' in catalog and '"gone"' not in catalog
+    for key, value in lakehouse_env(lake).items():  # the S3 lake's endpoint and keys
+        if key.startswith("LAKEHOUSE_S3_"):
+            monkeypatch.setenv(key, value)
+    with dg.DagsterInstance.get() as instance:
+        assert instance.get_dynamic_partitions(DATASETS) == ["stays"]
+        result, _ = daemon_tick(new_datasets, instance, lake)
+        assert isinstance(result, dg.SkipReason)  # nothing left to add or delete
+        assert instance.get_dynamic_partitions(DATASETS) == ["stays"]
+    code, said = delete("--yes")
+    assert code == 1 and "does not exist" in said

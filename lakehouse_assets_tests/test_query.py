@@ -136,9 +136,16 @@ def test_a_schema_filter_reads_only_the_entities_that_can_match(
     ds.flush()
     everything = list(ds.query(flush=False))
     names = {e.schema.name for e in everything} | {"LegalEntity", "Thing"}
-    for chunk_bytes in (1, 32 * 1024 * 1024):
+    # every schema on its own with one bucket range per chunk (the case where a
+    # chunk can miss an entity's other statements), then the merged entity's two
+    # schemata and all together in one chunk
+    singles = [[n] for n in sorted(names)]
+    for chunk_bytes, cases in (
+        (1, [*singles, sorted(names)]),
+        (32 * 1024 * 1024, [["Company"], ["LegalEntity"], sorted(names)]),
+    ):
         ds.settings = ds.settings.model_copy(update={"query_chunk_bytes": chunk_bytes})
-        for wanted in [[n] for n in sorted(names)] + [sorted(names)]:
+        for wanted in cases:
             expected = [
                 e.to_dict() for e in ds.query(Query().where(M(schema__in=wanted)), flush=False)
             ]

@@ -219,6 +219,19 @@ def test_our_clients_find_the_token_of_the_local_server(
     assert connect.read_token(settings, port) not in status.stdout  # type: ignore[operator]
 
 
+def test_the_warm_up_is_one_line_of_explanation_not_a_throwaway_flush(
+    server: tuple[Settings, int, str],
+) -> None:
+    """``spark start``'s warm-up (a flush and export on a throwaway lake) used to
+    print that dataset's stages, as if it were the person's data: now one line
+    says what it is and why, one that it is done."""
+    _, _, start_stderr = server
+    lines = start_stderr.splitlines()
+    assert sum("warming the new server up with a throwaway flush" in line for line in lines) == 1
+    assert sum("spark start: warm after" in line for line in lines) == 1
+    assert "warm_up" not in start_stderr, start_stderr  # none of its dataset's stages
+
+
 def test_neither_the_token_nor_spark_config_is_on_a_command_line(
     server: tuple[Settings, int, str],
 ) -> None:

@@ -4,6 +4,10 @@ training run, checked by a real Spark start that must map it, then used."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 from lakehouse_assets.settings import Settings
@@ -11,14 +15,36 @@ from lakehouse_assets.spark import cds
 
 
 def test_a_class_archive_is_built_once_checked_and_used(tmp_path: Path) -> None:
+    """Built by ``lakehouse spark prepare``, which says what it does as it goes:
+    its three stages and the training run's own stages (it was silent for
+    minutes)."""
     settings = Settings(cache_dir=str(tmp_path / "cache"))
     assert cds.java_options(settings) == ""  # nothing built yet: Spark starts as ever
-    done = cds.prepare(settings)  # trains, then starts Spark with -Xshare:on on it
-    assert done.built and done.path.is_file() and done.size > 10_000_000
+    exe = str(Path(sys.executable).parent / "lakehouse")
+    env = {k: v for k, v in os.environ.items() if k != "LAKEHOUSE_SPARK_REMOTE"}
+    env["LAKEHOUSE_CACHE_DIR"] = str(settings.cache_path)
+    # trains, then starts Spark with -Xshare:on on it
+    made = subprocess.run(
+        [exe, "spark", "prepare"], capture_output=True, text=True, env=env, timeout=1800
+    )
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith("class archive built and checked: ")
+    lines = made.stderr.splitlines()
+    stages = [line for line in lines if "spark prepare: " in line]
+    assert [
+        s.split("spark prepare: ")[1][:4]
+        for s in stages
+        if " 1/3 " in s or " 2/3 " in s or " 3/3 " in s
+    ] == ["1/3 ", "2/3 ", "3/3 "]
+    assert any("training: flush training:" in line for line in lines)  # the child's stages
+    assert any("training: export training:" in line for line in lines)
+    # each line carries its time since the command started (progress, not a log)
+    assert all(re.match(r"\s*[0-9]+\.[0-9]s spark prepare: ", line) for line in stages)
+    done = cds.prepare(settings)
+    assert not done.built and done.path.is_file() and done.size > 10_000_000
     assert done.path.parent == settings.cache_path / "jvm"
     assert not list(done.path.parent.glob("*.partial"))
-    again = cds.prepare(settings)
-    assert not again.built and again.path == done.path
+    assert made.stdout.split(": ", 1)[1].startswith(str(done.path))
     assert cds.java_options(settings) == f"-XX:SharedArchiveFile={done.path}"
     off = settings.model_copy(update={"spark_class_archive": False})
     assert cds.java_options(off) == ""

@@ -4,12 +4,12 @@
 
 from __future__ import annotations
 
-from typing import IO
+from typing import IO, Any
 
 import click
 
 from lakehouse_assets.cli.context import AS_OF_HELP, JSON_OPTION, Context, pass_ctx
-from lakehouse_assets.cli.output import _report
+from lakehouse_assets.cli.output import _report, _wall_time, process_seconds
 from lakehouse_assets.cli.root import cli
 from lakehouse_assets.settings import MAX_RETENTION_HOURS
 
@@ -116,8 +116,32 @@ def export_cmd(
 def make_cmd(obj: Context, force: bool, as_json: bool) -> None:
     """Flush if needed, then every export that is not fresh.
 
+    Ends with the command's wall time and its parts (startup, Spark start,
+    flush, graph, exports, index, other).
+
     \b
     Example:
       lakehouse -d my_dataset make
     """
-    _report(obj.dataset().make(force=force), as_json)
+    started = process_seconds()
+    result = obj.dataset().make(force=force)
+    _stop_spark(result)
+    _wall_time(result, started)
+    _report(result, as_json)
+
+
+def _stop_spark(result: Any) -> None:
+    """Stop an in-process Spark now, as a part of its own, rather than in the exit
+    handlers after the summary (whose total would then leave it out). A Connect
+    server keeps running; no Spark started, nothing imported."""
+    import sys
+
+    session = sys.modules.get("lakehouse_assets.spark.session")
+    if session is None:
+        return
+    from lakehouse_assets import progress
+
+    with progress.collect() as stopping, progress.part("spark stop"):
+        session.stop_spark()
+    if stopping.seconds.get("spark stop", 0.0) >= 0.05:
+        result.parts.update(stopping.rounded())

@@ -1,4 +1,4 @@
-"""``lakehouse datasets`` (list, create) and ``lakehouse tags``."""
+"""``lakehouse datasets`` (list, create, delete) and ``lakehouse tags``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 @cli.group()
 def datasets() -> None:
-    """List and create datasets."""
+    """List, create and delete datasets."""
 
 
 @datasets.command("list")
@@ -95,6 +95,57 @@ def datasets_create(obj: Context, name: str, title: str | None, summary: str | N
     """
     ds = obj.open_lake(create=True).create_dataset(name, title=title, summary=summary)
     click.echo(f"created {ds.name} in {obj.lake.store.uri}", err=True)
+
+
+@datasets.command("delete")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (scripts).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Delete even while a lock is held or journal rows wait for a flush (they are lost).",
+)
+@pass_ctx
+def datasets_delete(obj: Context, name: str, yes: bool, force: bool) -> None:
+    """Delete a dataset: every file of its folder (tables, archive, exports,
+    versions, queue), its journal rows and its Dagster partition.
+
+    Refused while a lock is held or journal rows wait for a flush, unless
+    --force. The partition is deleted in the Dagster instance of DAGSTER_HOME
+    when it is set (else the new_datasets sensor deletes it on its next tick).
+
+    \b
+    Example:
+      lakehouse --lake ./lake datasets delete old_dataset --yes
+    """
+    lake = obj.lake
+    dataset = cv.dataset_name(name)
+    lake.dataset(dataset)  # exists?
+    if not yes:
+        click.confirm(
+            f"Delete dataset {dataset} and all its files from {lake.store.uri}?", abort=True
+        )
+    deleted = lake.delete_dataset(dataset, force=force)
+    partition = _delete_partition(dataset)
+    lost = f", {deleted.journal_rows:,} journal rows not flushed" if deleted.journal_rows else ""
+    click.echo(f"deleted {dataset}: {deleted.files:,} files{lost}{partition}", err=True)
+
+
+def _delete_partition(name: str) -> str:
+    """Delete the dataset's partition in the Dagster instance of ``DAGSTER_HOME``
+    (if set), saying what became of it; without an instance here the
+    ``new_datasets`` sensor deletes it on its next tick."""
+    import os
+
+    if not os.environ.get("DAGSTER_HOME"):
+        return ""
+    import dagster as dg
+
+    with dg.DagsterInstance.get() as instance:
+        if not instance.has_dynamic_partition(cv.DAGSTER_PARTITIONS, name):
+            return ""
+        instance.delete_dynamic_partition(cv.DAGSTER_PARTITIONS, name)
+    return "; its Dagster partition deleted"
 
 
 @cli.group()

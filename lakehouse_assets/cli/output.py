@@ -5,7 +5,9 @@ JSON for scripts or a short summary for people.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from typing import Any
 
 import click
@@ -21,6 +23,38 @@ def _echo_document(data: Any) -> None:
     line on a pipe or in a file, for ``jq`` and scripts."""
     indent = 2 if sys.stdout.isatty() else None
     click.echo(json.dumps(data, default=str, indent=indent))
+
+
+#: when this module was imported: the process's start where /proc cannot say
+_IMPORTED = time.monotonic()
+
+
+def process_seconds() -> float:
+    """Seconds since this process started (the interpreter's own start and the
+    imports included), from ``/proc/self/stat`` on Linux: what a person waiting
+    for the command counted. Elsewhere, since the CLI was imported."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            # the fields after the command's name (in parentheses, may hold spaces);
+            # field 22, the start in clock ticks after boot, is the 20th of them
+            fields = f.read().rsplit(b")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        return max(time.clock_gettime(time.CLOCK_BOOTTIME) - started, 0.0)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.monotonic() - _IMPORTED
+
+
+def _wall_time(result: Any, started: float) -> None:
+    """Make ``result.seconds`` the command's wall time so far and ``result.parts``
+    its parts: ``startup`` (the interpreter, imports, options: until the command
+    began at ``started``), the result's own parts, and ``other`` (what no part
+    names: opening the lake, reading tags, the summary). The parts add up to
+    the total."""
+    total = process_seconds()
+    parts = {"startup": round(started, 3), **result.parts}
+    parts["other"] = round(max(total - sum(parts.values()), 0.0), 3)
+    result.seconds = total
+    result.parts = parts
 
 
 def _size(n: int) -> str:
@@ -76,7 +110,9 @@ def _human(data: dict[str, Any]) -> list[str]:
     if data.get("pending"):
         lines.append(f"pending    {data['pending']:,} journal rows (another writer held the lock)")
     if isinstance(data.get("seconds"), int | float):
-        lines.append(f"took       {data['seconds']:.1f} s")
+        timed = data.get("parts") or {}
+        named = ", ".join(f"{name} {s:.1f}" for name, s in timed.items())
+        lines.append(f"took       {data['seconds']:.1f} s" + (f" ({named})" if named else ""))
     return lines
 
 

@@ -73,8 +73,8 @@ def spark_prepare(obj: Context, force: bool) -> None:
     """Build the JVM's class archive of Spark, once per install: every Spark
     start after it (in-process, or the local server) loads its classes from
     the archive, about 3 s faster. The Makefile's java step (make demo, test,
-    ui) runs it; it takes about a minute and about 190 MB under
-    LAKEHOUSE_CACHE_DIR/jvm/.
+    ui) runs it; it takes one to four minutes (printing its stages as it
+    goes) and about 190 MB under LAKEHOUSE_CACHE_DIR/jvm/.
 
     \b
     Example:

@@ -14,7 +14,7 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import DatasetNotFoundError
 from lakehouse_assets.lake import Dataset, Lakehouse
 
-DATASETS: Final = "datasets"
+DATASETS: Final = cv.DAGSTER_PARTITIONS
 
 #: Filled by the ``new_datasets`` sensor from the lake's catalog, never by hand.
 datasets = dg.DynamicPartitionsDefinition(name=DATASETS)
@@ -70,25 +70,34 @@ class Watch:
         return {"marks": self.marks, "swept": self.swept}
 
 
-def change_marks(lake: Lakehouse) -> dict[str, str]:
-    """Dataset → fingerprint of its change marker: one listing of ``.changes/``."""
-    prefix = cv.CHANGES + "/"
+def change_marks(lake: Lakehouse, folder: str = cv.CHANGES) -> dict[str, str]:
+    """Dataset → fingerprint of its change marker: one listing of ``.changes/``
+    (or of ``folder``: ``.queue-changes/``)."""
+    prefix = folder + "/"
     return {e.path[len(prefix) :]: e.fingerprint for e in lake.store.entries(prefix)}
 
 
 def changed_partitions(
-    instance: dg.DagsterInstance, lake: Lakehouse, watch: Watch, *, sweep: int = 0
+    instance: dg.DagsterInstance,
+    lake: Lakehouse,
+    watch: Watch,
+    *,
+    sweep: int = 0,
+    folder: str = cv.CHANGES,
+    also: Iterable[str] = (),
 ) -> Iterator[Dataset]:
     """The partitions to look at this tick; ``watch`` advances to what they show.
 
-    Those never looked at, those whose change marker moved since ``watch`` (a
-    marker appears with a dataset's first tag), plus the next ``sweep`` others in
-    turn. Cost: one listing of the markers, one query for the partitions, then
-    work in proportion to what changed.
+    Those never looked at, those whose change marker (in ``folder``) moved since
+    ``watch`` (a marker appears with a dataset's first tag), those in ``also``
+    (still to do from an earlier tick), plus the next ``sweep`` others in turn.
+    Cost: one listing of the markers, one query for the partitions, then work
+    in proportion to what changed.
     """
     names = sorted(instance.get_dynamic_partitions(DATASETS))
-    marks = change_marks(lake)
+    marks = change_marks(lake, folder)
     picked = {n for n in names if marks.get(n, "") != watch.marks.get(n)}
+    picked.update(set(also) & set(names))
     rest = [n for n in names if n not in picked]
     if rest and sweep > 0:
         start = bisect.bisect_right(rest, watch.swept)

@@ -221,6 +221,8 @@ class Queue:
                     dataset=self.name,
                 )
             if self.store.put_if_absent(cv.queue_item(self.name, who, item.id), body):
+                # after the item: a sensor that sees the marker move finds it
+                self.store.write_text(cv.queue_marker(self.name), item.id)
                 return item
         raise ConcurrentWriteError(  # pragma: no cover - five UUIDv7 collisions in a row
             f"could not queue an item in dataset {self.name!r}: its ids kept colliding"

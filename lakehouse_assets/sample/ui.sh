@@ -7,6 +7,10 @@ set -eu
 LAKE=${LAKE:-demo-lake}
 VENV=${VENV:-.venv}
 UI_PORT=${UI_PORT:-3000}
+# the webserver's and daemon's own lines on this terminal: warnings and errors
+# (their INFO lines came every few seconds; sensor ticks and runs are in the UI);
+# UI_LOG_LEVEL=info brings them back
+UI_LOG_LEVEL=${UI_LOG_LEVEL:-warning}
 LH="$VENV/bin/lakehouse --lake $LAKE"
 export LAKEHOUSE_LAKE_URI="$LAKE"
 started=""
@@ -22,10 +26,12 @@ if [ -z "${LAKEHOUSE_SPARK_REMOTE:-}" ]; then
   export LAKEHOUSE_SPARK_REMOTE="sc://127.0.0.1:$PORT"
 fi
 echo "== Spark for every run: $LAKEHOUSE_SPARK_REMOTE"
-echo "== Dagster UI on http://127.0.0.1:$UI_PORT (lake $LAKE, instance $DAGSTER_HOME)"
+echo "== Dagster UI on http://127.0.0.1:$UI_PORT (lake $LAKE, instance $DAGSTER_HOME); it answers in a minute or so"
+echo "   (this terminal shows warnings and errors only: sensor ticks and runs are in the UI; Ctrl-C stops it all)"
 # dg dev in its own session (process group), so one signal reaches it and all
 # its children: webserver, daemon, code servers, run workers
-setsid "$VENV/bin/dg" dev -w workspace.yaml -h 127.0.0.1 -p "$UI_PORT" &
+setsid "$VENV/bin/dg" dev -w workspace.yaml -h 127.0.0.1 -p "$UI_PORT" \
+  --log-level "$UI_LOG_LEVEL" --code-server-log-level "$UI_LOG_LEVEL" &
 UI=$!
 cleanup() {
   trap - EXIT INT TERM

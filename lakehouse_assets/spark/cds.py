@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from lakehouse_assets import progress
 from lakehouse_assets.errors import ConfigurationError
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.spark.java import java_executable
@@ -110,6 +111,8 @@ class Prepared:
 _TRAINING = """
 import sys, tempfile
 from pathlib import Path
+from lakehouse_assets import progress
+progress.configure(0)  # its stage lines, into the log the parent follows
 from lakehouse_assets.lake import Lakehouse
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.spark import session
@@ -148,19 +151,27 @@ def prepare(settings: Settings, *, force: bool = False) -> Prepared:
     env["LAKEHOUSE_SPARK_DRIVER_JAVA_OPTIONS"] = (
         f"{settings.spark_driver_java_options} -XX:ArchiveClassesAtExit={partial}"
     )
+    progress.stage(
+        "spark prepare: 1/3 a training run (a small flush and export on a throw-away lake) "
+        "records the classes Spark loads; its log: %s",
+        log,
+    )
     try:
         with log.open("wb") as out:
-            done = subprocess.run(
-                [sys.executable, "-c", _TRAINING],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
+            code = _follow(
+                subprocess.Popen(
+                    [sys.executable, "-c", _TRAINING], env=env, stdout=out, stderr=subprocess.STDOUT
+                ),
+                log,
                 timeout=1200,
             )
-        if done.returncode != 0 or not partial.is_file() or partial.stat().st_size == 0:
-            raise ConfigurationError(
-                f"the class archive was not built (exit {done.returncode}; see {log})"
-            )
+        if code != 0 or not partial.is_file() or partial.stat().st_size == 0:
+            raise ConfigurationError(f"the class archive was not built (exit {code}; see {log})")
+        progress.stage(
+            "spark prepare: 2/3 the archive is written (%.0f MB); checking that a Spark "
+            "start maps it",
+            partial.stat().st_size / 1e6,
+        )
         problem = check(settings, partial)
         if problem:
             raise ConfigurationError(f"the class archive does not load: {problem} (see {log})")
@@ -169,7 +180,50 @@ def prepare(settings: Settings, *, force: bool = False) -> Prepared:
         partial.unlink(missing_ok=True)
     path.with_suffix(".json").write_text(json.dumps({"identity": _identity()}))
     _remove_outdated(path.parent)
+    progress.stage("spark prepare: 3/3 checked, in place: %s", path)
     return Prepared(path, path.stat().st_size, time.monotonic() - clock, True)
+
+
+#: Seconds between two "still going" lines when the training run says nothing new.
+HEARTBEAT = 10.0
+
+
+def _follow(proc: subprocess.Popen[bytes], log: Path, *, timeout: float) -> int:
+    """Wait for the training run, passing on its stage lines from ``log`` as they
+    come (``training: flush training: batch 1/1 done``) and, when it says
+    nothing for :data:`HEARTBEAT` seconds, that it is still going: a JVM start,
+    a flush and an export take minutes on a busy machine, and a silent
+    command looks hung. Its exit code (it is killed after ``timeout``)."""
+    started = time.monotonic()
+    said = started
+    offset = 0
+    while True:
+        try:
+            code = proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            code = None
+        with log.open("rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+        end = chunk.rfind(b"\n") + 1  # whole lines only
+        offset += end
+        for raw in chunk[:end].decode("utf-8", "replace").splitlines():
+            line = raw.strip()
+            # the child's stage lines: "  12.3s flush training: ..."
+            head, _, rest = line.partition("s ")
+            if rest and head.replace(".", "", 1).isdigit():
+                progress.stage("spark prepare: training: %s", rest)
+                said = time.monotonic()
+        if code is not None:
+            return code
+        now = time.monotonic()
+        if now - started > timeout:
+            proc.kill()
+            proc.wait()
+            raise ConfigurationError(f"the training run took over {timeout:.0f} s (see {log})")
+        if now - said >= HEARTBEAT:
+            progress.stage("spark prepare: training run still going (%.0f s)", now - started)
+            said = now
 
 
 def _remove_outdated(folder: Path) -> None:

@@ -234,7 +234,8 @@ def get_spark(settings: Settings | None = None) -> SparkSession:
                 f"this process already runs Spark {'in process' if other[0] == 'local' else 'at ' + redacted_url(other[0])}; "
                 "one process cannot use both Spark Connect and an in-process Spark"
             )
-        session = _connect(settings) if remote else _start_local(settings)
+        with progress.part("spark start"):
+            session = _connect(settings) if remote else _start_local(settings)
         _sessions[key] = session
         if progress.log.isEnabledFor(logging.INFO):
             watch_spark(session)
