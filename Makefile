@@ -8,10 +8,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_LAKE ?= demo-lake
 UI_PORT ?= 3000
+# yente (the OpenSanctions API) in its own venv: its dependencies clash with ours;
+# the delta-feed test runs yente's updater there (skips, saying why, without it)
+YENTE_VENV ?= .venv-yente
+YENTE_VERSION ?= 5.5.0
+YENTE_STAMP := $(YENTE_VENV)/.installed
 # the persistent Dagster instance (runs, sensors' cursors, partitions)
 export DAGSTER_HOME := $(CURDIR)/dagster_home
 
-.PHONY: install demo ui test test-cluster test-thorough lint typecheck bench clean java
+.PHONY: install demo ui test test-cluster test-thorough lint typecheck bench clean java yente
 
 $(STAMP): pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11+"; exit 1; }
@@ -22,6 +27,15 @@ $(STAMP): pyproject.toml requirements.lock
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(YENTE_STAMP):
+	$(PYTHON) -m venv $(YENTE_VENV)
+	$(YENTE_VENV)/bin/python -m pip install --quiet yente==$(YENTE_VERSION)
+	touch $(YENTE_STAMP)
+
+# not fatal: without yente the test that needs it skips with the reason
+yente:
+	@$(MAKE) --no-print-directory $(YENTE_STAMP) || echo "warning: yente could not be installed in $(YENTE_VENV): its delta-feed test will skip"
 
 # Java 17 present, then the JVM's class archive of Spark (once per install: about
 # a minute; every later Spark start about 3 s faster; optional, so not fatal)
@@ -40,7 +54,7 @@ ui: install java
 # on a local standalone cluster (a master and 2 workers per test worker, the
 # executors without this package, PostgreSQL journals): the cluster tests and the
 # flush group (the whole data-plane group there takes ~17 min on 2 busy cores)
-test: install java
+test: install java yente
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH dg check defs
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 	LAKEHOUSE_TEST_SPARK=inprocess $(PY) -m pytest -n 2 --dist loadfile -m spark_modes $(PYTEST_ARGS)
@@ -71,4 +85,4 @@ bench: install
 	$(PY) -m benchmarks.mapping --rows 1000000
 
 clean:
-	rm -rf $(DEMO_LAKE) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
+	rm -rf $(DEMO_LAKE) $(YENTE_VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -214,6 +214,19 @@ def path_timestamp(ts: datetime | None = None) -> str:
     return ts.strftime("%Y%m%dT%H%M%S%fZ")
 
 
+def version_id(ts: datetime) -> str:
+    """A published version's id as followthemoney spells one: ``YYYYMMDDHHMMSS-tag``
+    (:class:`followthemoney.dataset.versions.Version`), here with the microseconds
+    as a fixed-width tag (``20261122101112-123456``).
+
+    yente orders versions by comparing these strings; fixed widths make string
+    order time order, and a version's time is strictly after its parent's
+    (:func:`~lakehouse_assets.versions.build_manifest`), so it is chain order.
+    """
+    ts = ts.astimezone(UTC)
+    return f"{ts:%Y%m%d%H%M%S}-{ts.microsecond:06d}"
+
+
 # --- catalog paths ----------------------------------------------------------
 
 CATALOG_INDEX: Final = "index.json"

@@ -204,6 +204,7 @@ class _Written:
     path: str
     size: int
     sha256: str
+    sha1: str
 
 
 def _assemble(
@@ -223,6 +224,7 @@ def _assemble(
     store = ds.store
     options = ds.statements_table.storage_options
     digest = hashlib.sha256()
+    sha1 = hashlib.sha1(usedforsecurity=False)  # what yente checks a download with
     if isinstance(store, LocalStore):
         tmp_dir = store.local_path(area)
     else:
@@ -233,6 +235,7 @@ def _assemble(
     with open(fd, "wb") as out:
         out.write(header)
         digest.update(header)
+        sha1.update(header)
         size += len(header)
         for uri in parts:
             fs, path = arrow_filesystem(uri, options)
@@ -242,13 +245,14 @@ def _assemble(
                         lines.feed(chunk)
                     out.write(chunk)
                     digest.update(chunk)
+                    sha1.update(chunk)
                     size += len(chunk)
         out.flush()
         os.fsync(out.fileno())
     faults.point("export.before_replace")
     store.put_file(cv.dataset_path(ds.name, target), Path(tmp_name))
     faults.point("export.after_replace")
-    return _Written(target, size, digest.hexdigest())
+    return _Written(target, size, digest.hexdigest(), sha1.hexdigest())
 
 
 @progress.part("exports")
@@ -343,6 +347,7 @@ def _run_pass(
                 "path": cv.STATISTICS_JSON,
                 "size": len(data),
                 "sha256": hashlib.sha256(data).hexdigest(),
+                "sha1": hashlib.sha1(data, usedforsecurity=False).hexdigest(),
                 "stats": json.loads(text),
             }
         if spark_index is not None and chunks is not None:
@@ -387,7 +392,7 @@ def _uri(staging_uri: str, task_path: str, root: str) -> str:
 
 
 def _describe(w: _Written) -> dict[str, Any]:
-    return {"path": w.path, "size": w.size, "sha256": w.sha256}
+    return {"path": w.path, "size": w.size, "sha256": w.sha256, "sha1": w.sha1}
 
 
 # --- operations ---------------------------------------------------------------
@@ -605,23 +610,31 @@ def _resource_of(
     """A file of the dataset as an index.json resource (``None`` if absent),
     named by its file name unless ``name`` says otherwise.
 
-    Its SHA-256 comes from ``known`` (:func:`~lakehouse_assets.versions.known_sha256`):
-    at 10M statements, hashing the exports again took 6 s."""
+    ``checksum`` is its SHA-1 (followthemoney's field, what yente compares a
+    download with), ``sha256`` the hash the version manifests use; both come
+    from ``known`` (:func:`~lakehouse_assets.versions.known_sha256`): at 10M
+    statements, hashing the exports again took 6 s. ``url`` is absolute
+    (``public_url``) or absent: followthemoney takes only http(s) URLs;
+    ``path`` is relative to the dataset's folder either way."""
     full = cv.dataset_path(ds.name, path)
     if not ds.store.exists(full):
         return None
-    from lakehouse_assets.versions import known_sha256
+    from lakehouse_assets.versions import known_sha1, known_sha256, public_url
 
     size = ds.store.size(full)
     resource = DataResource(
         name=name or path.rsplit("/", 1)[-1],
-        url=f"{ds.settings.public_url.rstrip('/')}/{full}" if ds.settings.public_url else None,
-        checksum=known_sha256(ds, path, size, known),
+        url=public_url(ds.settings, full),
+        checksum=known_sha1(ds, path, size, known),
         timestamp=ds.core_tags.get(tag),
         mime_type=mime,
         size=size,
     )
-    return {**resource.model_dump(mode="json", exclude_none=True), "path": path}
+    return {
+        **resource.model_dump(mode="json", exclude_none=True),
+        "sha256": known_sha256(ds, path, size, known),
+        "path": path,
+    }
 
 
 @progress.part("index")

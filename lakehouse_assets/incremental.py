@@ -427,6 +427,21 @@ def _plan(old_ids: Sequence[str], changed: Sequence[str], new_ids: Sequence[str]
     return _Plan(steps, dropped)
 
 
+class _Both:
+    """SHA-256 and SHA-1 of the bytes written (the new file's two checksums)."""
+
+    def __init__(self) -> None:
+        self.sha256 = hashlib.sha256()
+        self.sha1 = hashlib.sha1(usedforsecurity=False)
+
+    def update(self, data: bytes) -> None:
+        self.sha256.update(data)
+        self.sha1.update(data)
+
+    def hexdigest(self) -> str:
+        return self.sha256.hexdigest()
+
+
 def _pump(
     src: IO[bytes], length: int, old: Any, out: IO[bytes] | None = None, new: Any = None
 ) -> None:
@@ -452,13 +467,14 @@ def _splice(
     plan: _Plan,
     texts: Sequence[str],
     tmp: Path,
-) -> tuple[int, str, int]:
+) -> tuple[int, str, int, str]:
     """Write the new file to ``tmp`` from the old one at ``path`` and the new lines;
-    return its size, SHA-256 and the bytes carried over from the old file.
+    return its size, SHA-256, the bytes carried over from the old file and its
+    SHA-1 (index.json's resource checksum, what yente compares).
 
     The old file is read once, front to back, and must hash to ``described``."""
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]) + head
-    old_digest, new_digest = hashlib.sha256(), hashlib.sha256()
+    old_digest, new_digest = hashlib.sha256(), _Both()
     carried = 0
     with ds.store.open_read(cv.dataset_path(ds.name, path)) as src, open(tmp, "wb") as out:
         position = 0
@@ -483,7 +499,7 @@ def _splice(
         size = out.tell()
     if position != described["size"] or old_digest.hexdigest() != described["sha256"]:
         raise StateMismatch(f"{path} is not the file the export state describes")
-    return size, new_digest.hexdigest(), carried
+    return size, new_digest.hexdigest(), carried, new_digest.sha1.hexdigest()
 
 
 def refresh(
@@ -519,7 +535,7 @@ def refresh(
         )
         tmp_dir.mkdir(parents=True, exist_ok=True)
         header = csv_header()
-        made: dict[str, tuple[Path, int, str, int]] = {}
+        made: dict[str, tuple[Path, int, str, int, str]] = {}
         carried = 0
         for kind, column, text, head in (
             (STATEMENTS_KIND, "csv_bytes", "csv", len(header)),
@@ -528,10 +544,10 @@ def refresh(
             lengths = index.column(column).to_numpy(zero_copy_only=False)
             tmp = Path(tempfile.mkstemp(prefix=f"splice-{kind}-", dir=tmp_dir)[1])
             texts = rows.column(text).to_pylist()
-            size, sha, moved = _splice(
+            size, sha, moved, sha1 = _splice(
                 ds, state.files[kind]["path"], state.files[kind], head, lengths, plan, texts, tmp
             )
-            made[kind] = (tmp, size, sha, moved)
+            made[kind] = (tmp, size, sha, moved, sha1)
             carried += moved
         step("files spliced (%s bytes carried over)", f"{carried:,}")
         # the new index: old ranges and new rows in plan order (a take, no sort)
@@ -555,7 +571,7 @@ def refresh(
             (STATEMENTS_KIND, counted.statements),
             (ENTITIES_KIND, counted.entities),
         ):
-            tmp, size, sha, moved = made[kind]
+            tmp, size, sha, moved, sha1 = made[kind]
             path = state.files[kind]["path"]
             store.put_file(cv.dataset_path(ds.name, path), tmp)
             written[kind] = {
@@ -563,6 +579,7 @@ def refresh(
                 "path": path,
                 "size": size,
                 "sha256": sha,
+                "sha1": sha1,
                 "bytes_carried": moved,
                 **common,
             }
@@ -576,6 +593,7 @@ def refresh(
             "path": cv.STATISTICS_JSON,
             "size": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),
+            "sha1": hashlib.sha1(data, usedforsecurity=False).hexdigest(),
             "stats": json.loads(text),
             **common,
         }

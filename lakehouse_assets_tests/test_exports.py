@@ -132,7 +132,9 @@ def test_index_json_links_every_export(exported: tuple[Dataset, list[Statement]]
     assert set(by_name) == {"statements.csv", "entities.ftm.json", "statistics.json"}
     for resource in by_name.values():
         content = ds.store.read_bytes(cv.dataset_path(ds.name, resource["path"]))
-        assert resource["checksum"] == hashlib.sha256(content).hexdigest()
+        # followthemoney's checksum is the SHA-1 yente compares; the SHA-256 beside it
+        assert resource["checksum"] == hashlib.sha1(content).hexdigest()  # noqa: S324
+        assert resource["sha256"] == hashlib.sha256(content).hexdigest()
         assert resource["size"] == len(content)
         assert resource["mime_type"] and resource["timestamp"]
     versions = [
@@ -659,7 +661,8 @@ def test_index_takes_the_checksums_the_export_pass_computed(
 ) -> None:
     """The export pass hashes each export while writing it; index.json and the
     version manifest take those hashes, so statements.csv (the largest export)
-    is not read back at all. Run alone, the index reads each export once for both."""
+    is not read back at all. Run alone, the index reads each export once for both
+    (and for both its checksums, SHA-1 and SHA-256)."""
     from lakehouse_assets.exports import export_index
     from lakehouse_assets.storage import LocalStore
 
@@ -680,7 +683,8 @@ def test_index_takes_the_checksums_the_export_pass_computed(
     index = json.loads(ds.store.read_text(cv.dataset_path(ds.name, cv.INDEX)))
     for resource in index["resources"]:
         content = ds.store.read_bytes(cv.dataset_path(ds.name, resource["path"]))
-        assert resource["checksum"] == hashlib.sha256(content).hexdigest()
+        assert resource["checksum"] == hashlib.sha1(content).hexdigest()  # noqa: S324
+        assert resource["sha256"] == hashlib.sha256(content).hexdigest()
 
     ds.add_entity(sample_entities()[6])
     ds.export(["statements"])  # a new statements.csv; the index runs on its own
@@ -689,12 +693,11 @@ def test_index_takes_the_checksums_the_export_pass_computed(
     assert reads.count(csv_path) == 1
     index = json.loads(ds.store.read_text(cv.dataset_path(ds.name, cv.INDEX)))
     by_path = {r["path"]: r for r in index["resources"]}
-    assert (
-        by_path[cv.STATEMENTS_CSV]["checksum"]
-        == hashlib.sha256(ds.store.read_bytes(csv_path)).hexdigest()
-    )
+    csv = ds.store.read_bytes(csv_path)
+    assert by_path[cv.STATEMENTS_CSV]["checksum"] == hashlib.sha1(csv).hexdigest()  # noqa: S324
+    assert by_path[cv.STATEMENTS_CSV]["sha256"] == hashlib.sha256(csv).hexdigest()
     manifest = ds.version().manifest  # type: ignore[union-attr]
     assert alone["version"]["sequence"] == 2
     assert {e["path"]: e["sha256"] for e in manifest["exports"]}[cv.STATEMENTS_CSV] == (
-        by_path[cv.STATEMENTS_CSV]["checksum"]
+        by_path[cv.STATEMENTS_CSV]["sha256"]
     )

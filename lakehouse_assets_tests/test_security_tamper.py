@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -180,7 +180,8 @@ def roll_back_head(root: Path) -> None:
     old = manifest(root, HEAD - 1)
 
     def catalog(data: dict[str, Any]) -> None:
-        data["datasets"][0]["version"] = {
+        data["datasets"][0]["version"] = cv.version_id(datetime.fromisoformat(old["created_at"]))
+        data["datasets"][0][versions.LAKEHOUSE_VERSION] = {
             "sequence": HEAD - 1,
             "hash": previous["hash"],
             "logical_hash": old["logical_hash"],
@@ -297,7 +298,7 @@ def graph_file_list_edited(root: Path) -> None:
 def catalog_forged(root: Path) -> None:
     edit_json(
         root / "lake" / cv.CATALOG_INDEX,
-        lambda c: c["datasets"][0]["version"].update(
+        lambda c: c["datasets"][0][versions.LAKEHOUSE_VERSION].update(
             logical_hash=versions.SHA256_PREFIX + "3" * 64
         ),
     )
@@ -307,7 +308,9 @@ def catalog_snapshot_forged(root: Path) -> None:
     snapshot = sorted((root / "lake/versions").rglob("index.json"))[0]
     edit_json(
         snapshot,
-        lambda c: c["datasets"][0]["version"].update(hash=versions.SHA256_PREFIX + "4" * 64),
+        lambda c: c["datasets"][0][versions.LAKEHOUSE_VERSION].update(
+            hash=versions.SHA256_PREFIX + "4" * 64
+        ),
     )
 
 

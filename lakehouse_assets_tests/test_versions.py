@@ -666,8 +666,9 @@ def test_trace_names_origin_file_and_versions(
     head = ds.version()
     assert head is not None
     (entry,) = [d for d in catalog["datasets"] if d["name"] == ds.name]
-    assert entry["version"]["hash"] == head.hash
-    assert entry["version"]["logical_hash"] == head.manifest["logical_hash"]
+    assert entry["version"] == head.version_id  # followthemoney's field
+    assert entry[versions.LAKEHOUSE_VERSION]["hash"] == head.hash
+    assert entry[versions.LAKEHOUSE_VERSION]["logical_hash"] == head.manifest["logical_hash"]
     assert len([p for p in local_lake.store.list("versions/") if p.endswith("index.json")]) >= 2
 
 

@@ -1,4 +1,4 @@
-"""Published versions: ``lakehouse versions``, ``trace`` and ``verify``."""
+"""Published versions: ``lakehouse versions``, ``diff``, ``trace`` and ``verify``."""
 
 from __future__ import annotations
 
@@ -43,6 +43,35 @@ def versions_cmd(obj: Context, as_json: bool) -> None:
             f"{info.get('live_statements', 0):>10} {info.get('entities') or 0:>9}  "
             f"{change:<21} {info['hash'][:21]}…"
         )
+
+
+@cli.command("diff")
+@click.argument("args", nargs=-1, required=True, metavar="[DATASET] V1 V2")
+@pass_ctx
+def diff_cmd(obj: Context, args: tuple[str, ...]) -> None:
+    """The entities that changed from version V1 to V2: one JSON line each,
+    ``{"op": "ADD"|"MOD"|"DEL", "entity": {...}}`` (yente's delta format).
+
+    V1 and V2 are sequence numbers, snapshot ids, version ids (index.json's
+    ``version``) or times; V2 must be the newer. The dataset is -d or the
+    first argument. Built from the diffs the versions published (checked
+    against their manifests), so it reads no table unless one is missing.
+
+    \b
+    Examples:
+      lakehouse diff my_dataset 3 5
+      lakehouse -d my_dataset diff 1 20261122101112-123456
+    """
+    from lakehouse_assets.versions import changes_between, resolve
+
+    if len(args) == 3:
+        obj.dataset_name = args[0]
+    elif len(args) != 2:
+        raise click.UsageError("diff takes [DATASET] V1 V2")
+    ds = obj.dataset()
+    old, new = (resolve(ds, v) for v in args[-2:])  # an unknown one: an error naming it
+    for change in changes_between(ds, old, new):
+        _echo_json(change)
 
 
 @cli.command("trace")

@@ -52,6 +52,7 @@ outside the lakehouse (:class:`VersionDamagedError`).
 The package, one concern a module, lowest first: :mod:`.hashes`, :mod:`.chain`
 (the chain and its head), :mod:`.asof` (as-of reads), :mod:`.render` (logical
 hash and exports of a snapshot), :mod:`.manifest`, :mod:`.diffs`,
+:mod:`.feed` (followthemoney's metadata, yente's delta index),
 :mod:`.publishing`, :mod:`.report`, :mod:`.coverage` and :mod:`.verification`
 (``verify``), :mod:`.provenance` (``trace``). The layout paths live in
 :mod:`lakehouse_assets.conventions`. This module re-exports the names callers
@@ -88,13 +89,22 @@ from lakehouse_assets.versions.chain import (
 )
 from lakehouse_assets.versions.coverage import vacuum_ran
 from lakehouse_assets.versions.diffs import (
+    changes_between,
     diff_from_export,
     entity_changes,
     render_diff,
 )
+from lakehouse_assets.versions.feed import (
+    DELTA_RETENTION,
+    LAKEHOUSE_VERSION,
+    catalog_entry,
+    delta_retention,
+    public_url,
+)
 from lakehouse_assets.versions.hashes import (
     SHA256_PREFIX,
     canonical_json,
+    known_sha1,
     known_sha256,
     manifest_hash,
     multihash,
@@ -126,6 +136,11 @@ from lakehouse_assets.versions.report import Problem, VerifyReport
 from lakehouse_assets.versions.verification import verify
 
 __all__ = [
+    "DELTA_RETENTION",
+    "LAKEHOUSE_VERSION",
+    "catalog_entry",
+    "delta_retention",
+    "public_url",
     "CHAIN",
     "DIFFS",
     "GRAPH_VOLATILE",
@@ -148,6 +163,7 @@ __all__ = [
     "canonical_json",
     "chain_entry_path",
     "changed_translog_rows",
+    "changes_between",
     "covers",
     "delta_tags",
     "diff_from_export",
@@ -158,6 +174,7 @@ __all__ = [
     "head",
     "head_sequence",
     "history",
+    "known_sha1",
     "known_sha256",
     "latest_path",
     "logical_hash",

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import yaml
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.catalog import dataset_names, load_dataset_config
+from lakehouse_assets.catalog import dataset_names
 from lakehouse_assets.storage import Store
 from lakehouse_assets.versions.chain import head
+from lakehouse_assets.versions.feed import catalog_entry
 
 if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
@@ -26,26 +27,15 @@ def write_catalog(
 ) -> None:
     """Rewrite the catalog ``index.json`` (and ``config.yml`` if missing).
 
-    Each dataset is listed with its latest published version and logical
-    hash; with ``snapshot`` (after a dataset published a version) a copy
+    Each dataset is listed as followthemoney's ``DataCatalog`` reads it: the
+    ``index.json`` its latest version published, with that version's id and
+    the lake's record of it (:func:`~lakehouse_assets.versions.feed.catalog_entry`);
+    with ``snapshot`` (after a dataset published a version) a copy
     goes under ``versions/YYYY/MM/{timestamp}/index.json``. Every rewrite
     reads every dataset's head, so two datasets publishing at once leave
     a catalog that the next publish completes.
     """
-    entries = []
-    for name in dataset_names(store):
-        cfg = load_dataset_config(store, name)
-        entry: dict[str, Any] = {"name": name, "title": cfg.get("title", name)}
-        version = head(context_of(name))
-        if version is not None:
-            entry["version"] = {
-                "sequence": version.sequence,
-                "hash": version.hash,
-                "logical_hash": version.manifest["logical_hash"],
-                "published_at": version.manifest["created_at"],
-                "manifest": version.path,
-            }
-        entries.append(entry)
+    entries = [catalog_entry(store, name, head(context_of(name))) for name in dataset_names(store)]
     now = cv.utcnow()
     index = {"datasets": entries, "updated_at": now.isoformat()}
     text = json.dumps(index, indent=2)

@@ -8,6 +8,7 @@ manifests they name); as-of reads of the tables build on it in
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,6 +20,10 @@ from lakehouse_assets.errors import LakehouseError
 
 if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
+
+
+#: A version id (:func:`lakehouse_assets.conventions.version_id`).
+_VERSION_ID = re.compile(r"\d{14}-\d{6}")
 
 
 class VersionNotFoundError(LakehouseError, LookupError):
@@ -42,6 +47,11 @@ class Version:
     def created_at(self) -> datetime:
         return datetime.fromisoformat(self.manifest["created_at"])
 
+    @property
+    def version_id(self) -> str:
+        """The sortable id followthemoney and yente know it by (``index.json``'s ``version``)."""
+        return cv.version_id(self.created_at)
+
     def table_version(self, table: str) -> int | None:
         entry = self.manifest["tables"].get(table)
         return None if entry is None else entry.get("version")
@@ -52,6 +62,7 @@ class Version:
         return {
             "sequence": self.sequence,
             "snapshot_id": self.snapshot_id,
+            "version": self.version_id,
             "created_at": m["created_at"],
             "hash": self.hash,
             "parent_hash": m["parent_hash"],
@@ -112,8 +123,9 @@ def history(ds: DatasetContext) -> list[Version]:
 
 
 def resolve(ds: DatasetContext, as_of: str | int) -> Version:
-    """The version ``as_of`` names: a sequence number, a snapshot id, or a time
-    (ISO 8601; the last version published at or before it)."""
+    """The version ``as_of`` names: a sequence number, a snapshot id, a version id
+    (``20261122101112-123456``, as ``index.json`` has it), or a time (ISO 8601;
+    the last version published at or before it)."""
     text = str(as_of).strip()
     if text.isdigit():
         entry = _read_entry(ds, int(text))
@@ -125,13 +137,18 @@ def resolve(ds: DatasetContext, as_of: str | int) -> Version:
         return _load(ds, entry)
     versions = history(ds)
     for version in versions:
-        if version.snapshot_id == text:
+        if text in (version.snapshot_id, version.version_id):
             return version
+    if _VERSION_ID.fullmatch(text):
+        raise VersionNotFoundError(
+            f"Dataset {ds.name!r} has no version {text!r} (see `lakehouse -d {ds.name} versions`)"
+        )
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
         raise VersionNotFoundError(
-            f"--as-of {text!r}: not a version number, snapshot id or ISO 8601 time"
+            f"Dataset {ds.name!r}: {text!r} is not a version number, snapshot id, "
+            "version id or ISO 8601 time"
         ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.conventions import diff_index_path
 from lakehouse_assets.tables.delta import DeltaLocation
+from lakehouse_assets.versions.feed import LAKEHOUSE_VERSION, catalog_record
 from lakehouse_assets.versions.manifest import graph_state_core
 from lakehouse_assets.versions.report import Problem, VerifyReport
 
@@ -361,6 +362,24 @@ def check_diff_index(ds: DatasetContext, versions: Sequence[Version], report: Ve
     by_seq = {v.sequence: v for v in versions}
     for seq in sorted(set(entries) - set(by_seq)):
         report.problems.append(Problem(seq, path, "diff index names a version the chain lacks"))
+    # yente's delta index: each version id names that version's own diff
+    by_id = {v.version_id: v for v in versions}
+    listed = data.get("versions") or {}
+    if not isinstance(listed, dict):
+        report.problems.append(Problem(None, path, "delta index `versions` is not valid"))
+        listed = {}
+    for vid, url in listed.items():
+        version = by_id.get(vid)
+        diff = (version.manifest.get("diff") or {}) if version else {}
+        name = str(diff.get("path", "")).rsplit("/", 1)[-1]
+        if version is None or not name or (not str(url).endswith("/" + name) and url != name):
+            report.problems.append(
+                Problem(
+                    version.sequence if version else None,
+                    path,
+                    f"delta index names {vid!r} with a file that is not its diff",
+                )
+            )
     for version in versions:
         entry = entries.get(version.sequence)
         if entry is None:
@@ -390,20 +409,19 @@ def _catalog_entry(
         return None
     if not listed:
         return None
-    named = listed[0].get("version")
+    # the lake's record (an object under `version` before followthemoney's model)
+    named = listed[0].get(LAKEHOUSE_VERSION, listed[0].get("version"))
     if named is None:
         return None
     try:
         version = versions.get(int(named["sequence"]))
     except (KeyError, TypeError, ValueError):
         version = None
-    if version is None or named != {
-        "sequence": version.sequence,
-        "hash": version.hash,
-        "logical_hash": version.manifest.get("logical_hash"),
-        "published_at": version.manifest.get("created_at"),
-        "manifest": version.path,
-    }:
+    if (
+        version is None
+        or named != catalog_record(version)
+        or (LAKEHOUSE_VERSION in listed[0] and listed[0].get("version") != version.version_id)
+    ):
         report.problems.append(
             Problem(None, path, f"catalog names a version of {ds.name!r} the chain does not have")
         )

@@ -22,6 +22,7 @@ from lakehouse_assets.tables.snapshot import DatasetSnapshot
 
 if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
+    from lakehouse_assets.versions.chain import Version
 
 
 def _canonical_ids(
@@ -131,3 +132,71 @@ def diff_from_export(ds: DatasetContext, out: IO[bytes] | _Digest) -> dict[str, 
                 out.write(b'{"op":"ADD","entity":' + line + b"}\n")
                 count += 1
     return {"ADD": count, "MOD": 0, "DEL": 0}
+
+
+#: One entity's change from an older version: the op (``None``: as the older
+#: version had it), the entity to print, and the entity as the older version had
+#: it when a line told (a ``DEL`` carries it; ``None``: unknown or absent).
+Composed = tuple[str | None, dict[str, Any], dict[str, Any] | None]
+
+
+def _compose(earlier: Composed | None, op: str, entity: dict[str, Any]) -> Composed:
+    """One entity's change from an older version after one more diff line.
+
+    A ``MOD`` line carries only the new entity, so a change that a later
+    version undid is still a ``MOD`` unless a ``DEL`` told the older entity."""
+    if earlier is None:
+        return (op, entity, entity if op == "DEL" else None)
+    first, before, original = earlier
+    if op == "DEL":
+        if first == "ADD":
+            return (None, entity, None)  # absent in the older version too
+        return ("DEL", original if original is not None else entity, original)
+    if first in ("ADD", None) and op == "ADD" and original is None:
+        return ("ADD", entity, None)
+    if first == "ADD":
+        return ("ADD", entity, None)
+    if original is not None and _normal(original) == _normal(entity):
+        return (None, entity, original)  # deleted or changed, then back as it was
+    return ("MOD", entity, original)
+
+
+def changes_between(ds: DatasetContext, old: Version, new: Version) -> list[dict[str, Any]]:
+    """The ``{"op", "entity"}`` lines from ``old`` to ``new`` (``lakehouse diff``).
+
+    Composed from the diffs the versions after ``old`` published (each checked
+    against its manifest's SHA-256 before use; no table is read, so it works
+    after vacuum); when one of them has none (skipped, its parent's files
+    were gone), computed from the two versions' tables instead. In the order
+    entities first changed.
+    """
+    from lakehouse_assets.errors import LakehouseError
+    from lakehouse_assets.versions.asof import snapshot_at
+    from lakehouse_assets.versions.chain import history
+
+    if new.sequence <= old.sequence:
+        raise LakehouseError(
+            f"Dataset {ds.name!r}: diff from version {old.sequence} to {new.sequence}: "
+            "the second version must be the newer one"
+        )
+    between = [v for v in history(ds) if old.sequence < v.sequence <= new.sequence]
+    if any("path" not in (v.manifest.get("diff") or {}) for v in between):
+        return list(entity_changes(ds, snapshot_at(ds, old), snapshot_at(ds, new)))
+    changed: dict[str, Composed] = {}
+    for version in between:
+        diff = version.manifest["diff"]
+        path = cv.dataset_path(ds.name, diff["path"])
+        digest = hashlib.sha256()
+        with ds.store.open_read(path) as fh:
+            for line in fh:
+                digest.update(line)
+                if line.strip():
+                    change = orjson.loads(line)
+                    eid = str(change["entity"]["id"])
+                    changed[eid] = _compose(changed.get(eid), change["op"], change["entity"])
+        if digest.hexdigest() != diff["sha256"]:  # checked before anything is returned
+            raise LakehouseError(
+                f"Dataset {ds.name!r}: {path} differs from version {version.sequence}'s "
+                "manifest; run `lakehouse verify`"
+            )
+    return [{"op": c[0], "entity": c[1]} for c in changed.values() if c[0] is not None]

@@ -13,7 +13,7 @@ import logging
 import tempfile
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -39,6 +39,7 @@ from lakehouse_assets.versions.asof import (
 from lakehouse_assets.versions.catalog_index import write_catalog
 from lakehouse_assets.versions.chain import Version, head
 from lakehouse_assets.versions.diffs import _Digest, diff_from_export, render_diff
+from lakehouse_assets.versions.feed import delta_retention, delta_versions, stamp_index
 from lakehouse_assets.versions.hashes import canonical_json, manifest_hash, sha256_of
 from lakehouse_assets.versions.manifest import build_manifest, table_files, unchanged
 
@@ -71,6 +72,7 @@ class PublishResult:
         return {
             "sequence": self.version.sequence if self.version else None,
             "hash": self.version.hash if self.version else None,
+            "version_id": self.version.version_id if self.version else None,
             "skipped": self.skipped,
             "diff": self.diff,
         }
@@ -104,6 +106,7 @@ def publish(
     with :class:`ConcurrentWriteError`.
     """
     result = PublishResult()
+    delta_retention(ds.store, ds.name)  # a bad config.yml fails before anything is written
     for attempt in range(1, PUBLISH_ATTEMPTS + 1):
         result.attempts = attempt
         parent = head(ds)
@@ -112,20 +115,25 @@ def publish(
         if parent_hash is not None and (parent is None or parent.hash != parent_hash):
             result.skipped = "another version was published meanwhile"
             return result
+        created = cv.utcnow()
+        if parent is not None and created <= parent.created_at:  # monotonic, even with clock skew
+            created = parent.created_at + timedelta(microseconds=1)
+        # index.json names the version it belongs to (followthemoney's `version`)
+        text = stamp_index(ds, index_text, created, (parent.sequence if parent else 0) + 1, parent)
         manifest = build_manifest(
             ds,
             snapshot,
             parent,
-            index_text=index_text,
+            index_text=text,
             statements_fresh=statements_fresh,
             metadata=metadata,
+            created_at=created,
             known_exports=known_exports,
             logical=logical,
         )
         if unchanged(manifest, parent):
             result.skipped = f"nothing changed since version {parent.sequence if parent else 0}"
             return result
-        created = datetime.fromisoformat(manifest["created_at"])
         with tempfile.TemporaryDirectory(dir=scratch_dir(ds.settings), prefix="diff-") as tmp:
             diff_file = Path(tmp) / "diff.json"
             try:
@@ -151,7 +159,7 @@ def publish(
             if "path" in manifest["diff"]:
                 written.append(cv.dataset_path(ds.name, manifest["diff"]["path"]))
                 ds.store.put_file(written[-1], diff_file)
-        ds.store.write_text(written[1], index_text)
+        ds.store.write_text(written[1], text)
         ds.store.put_if_absent(path, json.dumps(manifest, indent=1, ensure_ascii=False).encode())
         faults.point("publish.after_files")
         entry = {"sequence": manifest["sequence"], "path": path, "hash": digest}
@@ -256,7 +264,8 @@ def covers(version: Version, snapshot: DatasetSnapshot) -> bool:
 
 
 def _finish(ds: DatasetContext, version: Version) -> None:
-    """What follows a chain entry, idempotent: the Delta tag, the diffs' index, latest."""
+    """What follows a chain entry, idempotent: the Delta tag, the diffs' index (with
+    yente's ``versions``, :mod:`.feed`), latest."""
     _tag_delta(ds, version)
     faults.point("publish.after_tag")
     index_path = diff_index_path(ds.name)
@@ -270,6 +279,7 @@ def _finish(ds: DatasetContext, version: Version) -> None:
             {
                 "sequence": version.sequence,
                 "snapshot_id": version.snapshot_id,
+                "version": version.version_id,
                 "version_hash": version.hash,
                 "parent_sequence": version.sequence - 1 if version.sequence > 1 else None,
                 "parent_hash": version.manifest["parent_hash"],
@@ -277,6 +287,7 @@ def _finish(ds: DatasetContext, version: Version) -> None:
             }
         )
         index["diffs"].sort(key=lambda d: d["sequence"])
+        index["versions"] = delta_versions(ds, index["diffs"], delta_retention(ds.store, ds.name))
         ds.store.write_text(index_path, json.dumps(index, indent=1))
     # the live index.json is the head's, written only here (after the chain entry)
     published = next((e for e in version.manifest["exports"] if e["kind"] == "index"), None)
