@@ -142,6 +142,6 @@ def _stop_spark(result: Any) -> None:
     from lakehouse_assets import progress
 
     with progress.collect() as stopping, progress.part("spark stop"):
-        session.stop_spark()
+        session.stop_in_process_spark()
     if stopping.seconds.get("spark stop", 0.0) >= 0.05:
         result.parts.update(stopping.rounded())

@@ -559,6 +559,18 @@ def scratch_cleanup() -> dict[str, int]:
     return done.as_dict() if done is not None else Cleaned().as_dict()
 
 
+def stop_in_process_spark() -> None:
+    """Stop this process's in-process Spark (its JVM), leaving Connect clients
+    open: another user of the process (a test, a Dagster run worker) may
+    still hold one."""
+    with _lock:
+        for key, session in list(_sessions.items()):
+            if not is_connect(session):
+                with contextlib.suppress(Exception):
+                    session.stop()
+                del _sessions[key]
+
+
 def stop_spark() -> None:
     """Stop this process's sessions (tests, shutdown). A Connect server keeps running."""
     with _lock:
