@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import re
 import shutil
 import subprocess
@@ -27,25 +26,9 @@ from pathlib import Path
 
 from benchmarks.data import KEK_STATEMENTS
 from benchmarks.data import write as write_data
-from benchmarks.update import DATASET, ORIGIN, lakehouse
+from benchmarks.update import DATASET, ORIGIN, change, lakehouse
 
 STEP = re.compile(r"flush \S+: (?P<what>.+) \((?P<seconds>[0-9.]+) s\)$")
-
-
-def change(base: Path, out: Path, seed: int, scale: float) -> tuple[list[str], int, int]:
-    """Issue 34's change (``benchmarks/update.py``), ``scale`` times its size."""
-    entities = [json.loads(line) for line in base.open("rb")]
-    random.Random(seed).shuffle(entities)
-    n = len(entities)
-    new, again, gone = (max(1, int(n * share * scale / 1000)) for share in (5, 3, 2))
-    with out.open("w") as fh:
-        for e in entities[:new]:
-            fh.write(json.dumps({**e, "id": f"{e['id']}-new"}) + "\n")
-        for e in entities[new : new + again]:
-            props = {k: list(v) for k, v in e.get("properties", {}).items()}
-            props.setdefault("summary", []).append("updated today")
-            fh.write(json.dumps({**e, "properties": props}) + "\n")
-    return [str(e["id"]) for e in entities[new + again : new + again + gone]], new, again
 
 
 def commit_counts(table: Path) -> tuple[int, int, int]:

@@ -62,13 +62,14 @@ def digests(lake: Path) -> dict[str, str]:
     return {f: hashlib.sha256((lake / DATASET / f).read_bytes()).hexdigest() for f in FILES}
 
 
-def change(base: Path, out: Path, seed: int) -> tuple[list[str], int, int]:
-    """The change file (new and re-written entities) and the ids to delete."""
+def change(base: Path, out: Path, seed: int, scale: float = 1.0) -> tuple[list[str], int, int]:
+    """The change file (new and re-written entities) and the ids to delete: 0.5%
+    new, 0.3% re-written with one more value, 0.2% deleted, ``scale`` times that."""
     entities = [json.loads(line) for line in base.open("rb")]
     rng = random.Random(seed)
     rng.shuffle(entities)
     n = len(entities)
-    new, again, gone = n * 5 // 1000, n * 3 // 1000, n * 2 // 1000
+    new, again, gone = (max(1, int(n * share * scale / 1000)) for share in (5, 3, 2))
     with out.open("w") as fh:
         for e in entities[:new]:
             fh.write(json.dumps({**e, "id": f"{e['id']}-new"}) + "\n")
