@@ -25,20 +25,10 @@ from lakehouse_assets import faults, versions
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.versions.manifest import _totals
 from lakehouse_assets_tests.conftest import cli_args, examples, sample_entities
-from lakehouse_assets_tests.helpers.data import normal
+from lakehouse_assets_tests.helpers.data import entities_of, normal
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-
-def entities_of(data: bytes) -> dict[str, dict[str, Any]]:
-    """An entities.ftm.json (or as-of stream) by id, list order removed."""
-    out = {}
-    for line in data.splitlines():
-        if line.strip():
-            entity = orjson.loads(line)
-            out[entity["id"]] = normal(entity)
-    return out
 
 
 def read(ds: Dataset, path: str) -> bytes:

@@ -32,6 +32,16 @@ def normal(entity: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def entities_of(data: bytes) -> dict[str, dict[str, Any]]:
+    """An entities.ftm.json (or as-of stream) by id, list order removed."""
+    out = {}
+    for line in data.splitlines():
+        if line.strip():
+            entity = orjson.loads(line)
+            out[entity["id"]] = normal(entity)
+    return out
+
+
 def table_rows(ds: Dataset, which: str = "statements") -> list[dict[str, object]]:
     location = ds.statements_table if which == "statements" else ds.translog_table
     schema = STATEMENTS_SCHEMA if which == "statements" else TRANSLOG_SCHEMA
