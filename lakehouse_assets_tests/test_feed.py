@@ -14,7 +14,6 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import orjson
 import pytest
 import yaml
 from followthemoney.dataset import DataCatalog, Dataset
@@ -27,7 +26,7 @@ from lakehouse_assets.errors import InvalidConfigError
 from lakehouse_assets.lake import Lakehouse
 from lakehouse_assets.settings import Settings
 from lakehouse_assets_tests.conftest import REPO, sample_entities
-from lakehouse_assets_tests.helpers.data import normal
+from lakehouse_assets_tests.helpers.data import entities_of, normal
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -69,15 +68,6 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, str]]:
 def published_lake(root: Path, url: str | None, tmp_path: Path) -> Lakehouse:
     settings = Settings(public_url=url) if url else Settings()
     return Lakehouse(root, settings=settings, journal_url=f"sqlite:///{tmp_path / 'j.sqlite'}")
-
-
-def lines(data: bytes) -> dict[str, dict[str, Any]]:
-    out = {}
-    for line in data.splitlines():
-        if line.strip():
-            entity = orjson.loads(line)
-            out[entity["id"]] = normal(entity)
-    return out
 
 
 def changed(entity: dict[str, Any], value: str) -> dict[str, Any]:
@@ -256,7 +246,7 @@ def test_yente_applies_the_delta_feed_to_reach_the_head(
         ds.make()
 
     def head_entities() -> dict[str, dict[str, Any]]:
-        return lines((root / "feed" / cv.ENTITIES_JSON).read_bytes())
+        return entities_of((root / "feed" / cv.ENTITIES_JSON).read_bytes())
 
     write(first)
     loaded = run_yente(python, catalog_url, "feed", state)
@@ -401,7 +391,7 @@ def test_diff_command_prints_the_changes_between_two_versions(
         ds.make()
         head = ds.version()
         assert head is not None
-        exports[head.sequence] = lines(
+        exports[head.sequence] = entities_of(
             ds.store.read_bytes(cv.dataset_path("diffed", cv.ENTITIES_JSON))
         )
 
