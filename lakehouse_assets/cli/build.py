@@ -124,10 +124,21 @@ def make_cmd(obj: Context, force: bool, as_json: bool) -> None:
       lakehouse -d my_dataset make
     """
     started = process_seconds()
+    before = _spark_sessions()
     result = obj.dataset().make(force=force)
-    _stop_spark(result)
+    if not before:  # a Spark this command started (not one its caller holds)
+        _stop_spark(result)
     _wall_time(result, started)
     _report(result, as_json)
+
+
+def _spark_sessions() -> int:
+    """How many Spark sessions this process holds (0 when Spark was never imported):
+    ``make`` run inside another program (a test, a notebook) leaves theirs open."""
+    import sys
+
+    session = sys.modules.get("lakehouse_assets.spark.session")
+    return 0 if session is None else session.open_sessions()
 
 
 def _stop_spark(result: Any) -> None:

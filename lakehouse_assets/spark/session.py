@@ -559,6 +559,12 @@ def scratch_cleanup() -> dict[str, int]:
     return done.as_dict() if done is not None else Cleaned().as_dict()
 
 
+def open_sessions() -> int:
+    """How many sessions this process has open (in process or Connect)."""
+    with _lock:
+        return len(_sessions)
+
+
 def stop_in_process_spark() -> None:
     """Stop this process's in-process Spark (its JVM), leaving Connect clients
     open: another user of the process (a test, a Dagster run worker) may
