@@ -52,24 +52,25 @@ ui: install java
 # the suite with Spark Connect (a server per test worker), then the data-plane
 # group again with an in-process Spark (one process cannot mix the two), then
 # on a local standalone cluster (a master and 2 workers per test worker, the
-# executors without this package, PostgreSQL journals): the cluster tests and the
-# flush group (the whole data-plane group there takes ~17 min on 2 busy cores)
+# executors without this package, PostgreSQL journals): the cluster tests, spread
+# over both workers (the whole data-plane group there is `make test-cluster`)
 test: install java yente
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH dg check defs
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 	LAKEHOUSE_TEST_SPARK=inprocess $(PY) -m pytest -n 2 --dist loadfile -m spark_modes $(PYTEST_ARGS)
-	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist loadfile -m "spark_modes or cluster" \
-		lakehouse_assets_tests/test_cluster.py lakehouse_assets_tests/test_flush.py $(PYTEST_ARGS)
+	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist load -m cluster \
+		lakehouse_assets_tests/test_cluster.py $(PYTEST_ARGS)
 
 # the whole data-plane group on the local standalone cluster (long)
 test-cluster: install java
 	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist loadfile -m "spark_modes or cluster" $(PYTEST_ARGS)
 
-# the property suite with every property at >= 100 examples locally, 20 on S3 (long)
+# the property suite with every property at >= 100 examples locally, 20 on S3,
+# and the crash tests at every flush fault point (long)
 test-thorough: install java
 	LAKEHOUSE_TEST_PROFILE=thorough $(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS) \
 		lakehouse_assets_tests/test_properties_commits.py lakehouse_assets_tests/test_properties_dataset.py \
-		lakehouse_assets_tests/test_properties_incremental.py
+		lakehouse_assets_tests/test_properties_incremental.py lakehouse_assets_tests/test_crash.py
 
 # ruff, then the import contract (the layers in setup.cfg's [importlinter])
 lint: install

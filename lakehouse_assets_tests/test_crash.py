@@ -14,7 +14,7 @@ import pytest
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.faults import FLUSH_POINTS
 from lakehouse_assets.lake import Dataset, Lakehouse
-from lakehouse_assets_tests.conftest import sample_entities
+from lakehouse_assets_tests.conftest import PROFILE, sample_entities
 from lakehouse_assets_tests.helpers.data import table_rows
 
 if TYPE_CHECKING:
@@ -96,7 +96,23 @@ def state(ds: Dataset) -> tuple[list[tuple[object, ...]], list[tuple[object, ...
     return main, log
 
 
-@pytest.mark.parametrize("point", FLUSH_POINTS)
+#: Every flush fault point in the thorough profile (``make test-thorough``); in
+#: ``make test`` the four that end a step of the flush's protocol (staged,
+#: appended, published, journal about to be cleared), to keep the suite short:
+#: the random kills of test_properties_dataset draw from every point there too.
+KILL_POINTS = (
+    FLUSH_POINTS
+    if PROFILE == "thorough"
+    else (
+        "flush.after_parquet",
+        "flush.after_statements_commit",
+        "flush.after_translog_commit",
+        "flush.before_journal_clear",
+    )
+)
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
 def test_flush_killed_at_each_point_then_rerun(
     spark: SparkSession, tmp_path: Path, point: str
 ) -> None:
