@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -361,7 +362,6 @@ def test_a_flush_tasks_worker_imports_no_followthemoney() -> None:
 def _commit_actions(location: Any, version: int) -> tuple[list[str], list[str]]:
     """The paths a Delta commit added and removed, from its own log entry."""
     import json
-    from pathlib import Path
 
     entry = Path(location.uri.removeprefix("file://")) / "_delta_log" / f"{version:020d}.json"
     actions = [json.loads(line) for line in entry.read_text().splitlines() if line.strip()]
@@ -369,6 +369,42 @@ def _commit_actions(location: Any, version: int) -> tuple[list[str], list[str]]:
         [a["add"]["path"] for a in actions if "add" in a],
         [a["remove"]["path"] for a in actions if "remove" in a],
     )
+
+
+def test_the_scan_and_the_probe_find_the_same_stored_statements(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Which of a batch's statements the table holds is found by a probe of its
+    row groups on the driver (a table of up to ``PROBE_ROWS`` statements, or a
+    small share of a larger one) or by a Spark scan of its buckets: a flush of
+    the same events takes the same decisions either way."""
+    from lakehouse_assets import flush
+
+    entities = sample_entities()
+    person = next(e for e in entities if e["schema"] == "Person")
+
+    def run(name: str) -> tuple[list[tuple[int, ...]], list[tuple[Any, ...]]]:
+        lake = Lakehouse(tmp_path / name, journal_url=f"sqlite:///{tmp_path / name}.sqlite")
+        ds = lake.create_dataset("newness")
+        for e in entities[: len(entities) // 2]:
+            ds.add_entity(e, origin="import")
+        ds.flush()
+        for e in entities:  # half of them stored already, half new
+            ds.add_entity(e, origin="import")
+        ds.delete_entity(str(person["id"]))
+        done = ds.flush()
+        counts = [done.new, done.duplicates, done.tombstones, done.ignored_tombstones]
+        log = table_rows(ds, "translog")
+        return [tuple(counts), (done.row_groups_total,)], sorted(
+            (r["origin"], r["id"], r["deleted_at"] is None) for r in log
+        )
+
+    probed = run("probed")
+    monkeypatch.setattr(flush, "PROBE_STATEMENTS", 0)  # no keys: the scan of old
+    scanned = run("scanned")
+    assert probed[0][1] != (0,) and scanned[0][1] == (0,)  # each took its path
+    assert probed[0][0] == scanned[0][0] and probed[1] == scanned[1]
+    assert probed[0][0][2] > 0 and probed[0][0][1] > 0
 
 
 def test_a_small_flush_touches_only_what_holds_its_statements(

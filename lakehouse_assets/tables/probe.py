@@ -11,7 +11,9 @@ can hold one of the batch's keys: a small batch reads a row group or two per
 key, not the table. :func:`probe` reads those on the driver with pyarrow and
 returns the rows that match a key exactly, with the file each came from; it
 gives up (returns None) where min/max leave more than a share of the table to
-read, and the caller scans as before.
+read, and the caller scans as before, unless what is left to read is small
+in rows (``max_rows``): reading a few hundred thousand ids on the driver costs
+less than the Spark job a scan and its join take, whatever their share.
 
 Pruning by min/max is exact whatever the files' order: bounds are the rows'
 true minimum and maximum, so a row group they exclude holds none of the keys.
@@ -106,13 +108,15 @@ def probe(
     columns: Sequence[str] = (),
     partition: str | None = None,
     max_share: float = MAX_SHARE,
+    max_rows: int = 0,
 ) -> Probe | None:
     """The stored rows with the (``origin``, ``id``) of a row of ``keys``.
 
     ``keys`` has ``origin``, ``id``, ``bucket`` and ``key_column`` (the column
     the files are sorted by within a bucket; NULL where unknown). Row groups
     are picked by their ``bucket`` and ``key_column`` min/max; None if more
-    than ``max_share`` of them would be read (see the module docstring).
+    than ``max_share`` of them would be read and they hold more than
+    ``max_rows`` rows (see the module docstring).
     """
     options = tuple(sorted(storage_options.items()))
     origins = set(keys.column("origin").to_pylist())
@@ -120,15 +124,16 @@ def probe(
         files = [f for f in files if f.partition_values.get(partition) in origins]
     wanted = _Keys(keys.column("bucket").to_pylist(), keys.column(key_column).to_pylist())
     plan: list[tuple[DataFile, RowGroupIndex, list[int]]] = []
-    total = read = 0
+    total = read = rows_read = 0
     for f in files:
         index = _row_group_index(f.uri, options)
         groups = _candidates(index, wanted, key_column) if wanted.buckets else []
         total += index.metadata.num_row_groups
         read += len(groups)
+        rows_read += sum(index.metadata.row_group(g).num_rows for g in groups)
         if groups:
             plan.append((f, index, groups))
-    if total and read > max_share * total:
+    if total and read > max_share * total and rows_read > max_rows:
         return None
     names = ["origin", "id", *(c for c in columns if c not in ("origin", "id"))]
     target = pa.schema([*(schema.field(n) for n in names), pa.field("_file", pa.string())])
