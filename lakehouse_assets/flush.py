@@ -8,7 +8,9 @@ The specification's process, made safe against crashes and concurrent writers:
    only claimed rows are read, and only they are deleted at the end.
 2. Read the claimed rows a range of buckets at a time (batches of about
    ``flush_batch_rows`` rows, so memory stays bounded whatever the backlog)
-   straight into Arrow.
+   straight into Arrow: by Spark's tasks in parallel, or by the driver for a
+   batch of at most ``flush_driver_rows`` (a daily change: starting Python
+   workers would cost more than the read) or a journal the tasks cannot open.
 3. Reduce the events to one row per statement (``origin``, ``id``): its
    columns from the first write, the earliest ``first_seen``, the latest
    ``last_seen``, and the last event's ``deleted_at`` (a tombstone, or NULL
@@ -323,12 +325,15 @@ def _reduced_frame(
     (:data:`KEY_SCHEMA`) on the driver (from the staged files: no Spark job).
 
     Spark's tasks read and reduce the journal in parallel where they can open
-    it (:mod:`spark.journal_source`); otherwise the driver reads it, reduces
-    in Arrow and stages the result as Parquet in the lake.
+    it (:mod:`spark.journal_source`) and the batch is larger than
+    ``flush_driver_rows``; otherwise the driver reads it, reduces in Arrow and
+    stages the result as Parquet in the lake.
     """
     url = ds.journal.url
     options = dict(ds.statements_table.storage_options)
-    if reachable(url, spark, ds.settings):
+    if sum(n for _, n in batch) > ds.settings.flush_driver_rows and reachable(
+        url, spark, ds.settings
+    ):
         frame, rows, deleted, files = journal_frame(
             spark,
             url,

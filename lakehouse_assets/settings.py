@@ -153,6 +153,16 @@ class Settings(BaseSettings):
         le=2**31 - 1,
         description="Journal rows per flush batch (bounds the memory a flush needs).",
     )
+    flush_driver_rows: int = Field(
+        default=100_000,
+        ge=0,
+        le=2**31 - 1,
+        description=(
+            "A flush batch of at most this many journal rows is read and reduced by the "
+            "driver (no Spark tasks, no Python workers to start); a larger one by Spark's "
+            "tasks in parallel."
+        ),
+    )
     vacuum_retention_hours: int = Field(
         default=168,
         ge=0,

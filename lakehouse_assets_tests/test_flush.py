@@ -125,6 +125,9 @@ def test_a_journal_the_tasks_cannot_open_is_read_on_the_driver(
         assert set(log) == set(stored)
         return sorted((*stored[i], log[i]) for i in stored)
 
+    # a batch this small is read on the driver anyway (flush_driver_rows): have
+    # the tasks read it, as they read larger ones
+    monkeypatch.setattr(local_lake.settings, "flush_driver_rows", 0)
     tasks, driver = local_lake.create_dataset("tasks"), local_lake.create_dataset("driver")
     results: dict[str, list[tuple[int, ...]]] = {"tasks": [], "driver": []}
     for ds in (tasks, driver):
@@ -141,6 +144,37 @@ def test_a_journal_the_tasks_cannot_open_is_read_on_the_driver(
     assert first[0] > 0 and first[4] > 0  # new, and the brief entity's ignored tombstones
     assert second[1] > 0 and second[2] > 0  # duplicates and tombstones of stored statements
     assert content(tasks) == content(driver)
+
+
+def test_a_small_batch_is_read_by_the_driver_a_larger_one_by_tasks(
+    spark: SparkSession, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark's tasks reading the journal start Python workers (seconds on a cold
+    session); a batch of at most ``flush_driver_rows`` journal rows (a daily
+    change) is read and reduced by the driver instead, the same rows either way."""
+    from lakehouse_assets import flush
+
+    used: list[str] = []
+    real = flush.journal_frame
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        used.append("tasks")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(flush, "journal_frame", counted)
+    small, large = local_lake.create_dataset("small"), local_lake.create_dataset("large")
+    rows = {
+        ds.name: sum(ds.add_entity(e, origin="a") for e in sample_entities())
+        for ds in (small, large)
+    }
+    assert (
+        local_lake.settings.flush_driver_rows > 0
+        and rows["small"] <= local_lake.settings.flush_driver_rows
+    )
+    assert small.flush().new == rows["small"] and used == []
+    monkeypatch.setattr(local_lake.settings, "flush_driver_rows", rows["large"] - 1)
+    assert large.flush().new == rows["large"] and used == ["tasks"]
+    assert len(table_rows(small)) == len(table_rows(large))
 
 
 def test_flush_in_many_batches_equals_one_batch(
@@ -162,6 +196,7 @@ def test_flush_in_many_batches_equals_one_batch(
     assert r1.batches == 1 and r2.batches > 3
     assert r1.new == r2.new
     monkeypatch.setattr(flush, "TASK_ROWS", 3)
+    monkeypatch.setattr(local_lake.settings, "flush_driver_rows", 0)  # tasks read it
     staged: list[int] = []
     real = flush.journal_frame
 
