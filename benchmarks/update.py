@@ -63,6 +63,7 @@ from pathlib import Path
 
 from benchmarks.data import KEK_STATEMENTS
 from benchmarks.data import write as write_data
+from benchmarks.peer import DATASET as SIDE_BY_SIDE_DATASET
 from benchmarks.peer import (
     DUCKDB_VERSION,
     OURS,
@@ -234,7 +235,15 @@ def update_commands(
             "rebuild": [[*on, "export", "--force"]],
         }
     python = str(PEER_VENV / "bin" / "python")
-    apply = [python, "-c", PEER_APPLY, system.create[-1], str(changed), ORIGIN, str(deleted_json)]
+    apply = [
+        python,
+        "-c",
+        PEER_APPLY,
+        SIDE_BY_SIDE_DATASET,
+        str(changed),
+        ORIGIN,
+        str(deleted_json),
+    ]
     return {
         "base_write": [system.commands["write"]],
         "base_flush": [system.commands["flush"]],
