@@ -50,6 +50,11 @@ def commit_counts(table: Path) -> tuple[int, int, int]:
     return adds, removes, len(live)
 
 
+def url_of(root: Path) -> str:
+    """The SQLite journal URL of a base or run folder."""
+    return f"sqlite:///{root / 'journal.sqlite'}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--statements", type=int, default=KEK_STATEMENTS)
@@ -68,7 +73,6 @@ def main() -> None:
         args.statements,
     )
     base = args.base or Path(tempfile.mkdtemp(prefix="flush-phases-"))
-    url_of = lambda root: f"sqlite:///{root / 'journal.sqlite'}"  # noqa: E731
     if args.base is None:
         cli = [lakehouse(), "--lake", str(base / "lake"), "--journal-url", url_of(base)]
         subprocess.run([*cli, "datasets", "create", DATASET], check=True)

@@ -423,6 +423,7 @@ class System:
     env: dict[str, str]
     commands: dict[str, list[str]]
     create: list[str]
+    cli: list[str]  # its command line on the benchmark's dataset (for other workloads)
     entities_json: Path
     statements_csv: Path
 
@@ -453,6 +454,7 @@ def ours(root: Path, data: Path, ids: Path, cache: Path, remote: str | None) -> 
         root=root,
         env=env,
         create=[*cli, "datasets", "create", DATASET],
+        cli=on,
         commands={
             "write": [*on, "entities", "write", "-i", str(data), "-o", ORIGIN],
             "flush": [*on, "flush"],
@@ -483,6 +485,7 @@ def peer(root: Path, data: Path, ids: Path) -> System:
         root=root,
         env=env,
         create=[python, "-c", PEER_CREATE, DATASET],
+        cli=cli,
         commands={
             "write": [python, "-c", PEER_WRITE, DATASET, str(data), ORIGIN],
             "flush": [*cli, "maintenance", "flush"],
