@@ -160,6 +160,50 @@ def test_a_dependency_missing_on_the_executors_is_one_line(
     assert ds.journal.count(ds.name) == written  # nothing flushed, nothing lost
 
 
+def test_executors_lost_again_and_again_is_one_line(
+    spark: SparkSession, local_lake: Lakehouse, tmp_path: Path
+) -> None:
+    """Executors that die under every attempt of a task (as the out-of-memory killer
+    would end them): Spark gives up (``Task … failed N times … ExecutorLostFailure``)
+    and the command says so in one line, what to check and that a rerun is safe,
+    without a traceback. Here the executors' Python kills its executor JVM on
+    start; the command's own session allows 2 attempts (``spark.task.maxFailures``,
+    a setting of the application). The rerun on healthy executors flushes all."""
+    import json
+
+    python = os.environ["LAKEHOUSE_SPARK_EXECUTOR_PYTHON"]  # the cluster's (conftest)
+    killer = tmp_path / "python-that-kills-its-executor"
+    killer.write_text(
+        "#!/bin/sh\n"
+        "# started by an executor JVM (Spark's Python daemon): end that JVM, as the system would\n"
+        "if tr '\\0' ' ' < /proc/$PPID/cmdline | grep -q CoarseGrainedExecutorBackend; then\n"
+        "  kill -9 $PPID; exit 1\n"
+        "fi\n"
+        f'exec "{python}" "$@"\n'
+    )
+    killer.chmod(0o755)
+    ds = local_lake.create_dataset("executors_lost")
+    written = sum(ds.add_entity(e, origin="import") for e in sample_entities()[:5])
+    conf = {**json.loads(os.environ["LAKEHOUSE_SPARK_CONFIG"]), "spark.task.maxFailures": "2"}
+    env = lakehouse_env(
+        local_lake,
+        LAKEHOUSE_SPARK_EXECUTOR_PYTHON=str(killer),
+        LAKEHOUSE_SPARK_CONFIG=json.dumps(conf),
+    )
+    done = _cli(*cli_args(ds), "flush", env=env)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "Error: Spark's executors were lost repeatedly: a task failed 2 times"
+    ), done.stderr[-3000:]
+    assert "workers' memory and logs" in last and "rerun" in last
+    assert ds.journal.count(ds.name) == written  # nothing flushed, nothing lost
+    # the rerun (this process's session, whose executors are healthy) flushes all
+    assert ds.flush().new == written and ds.journal.count(ds.name) == 0
+    assert len(table_rows(ds)) == written
+
+
 def test_a_sqlite_journal_on_a_cluster_is_read_by_the_driver(
     spark: SparkSession, tmp_path: Path
 ) -> None:
