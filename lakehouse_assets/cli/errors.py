@@ -182,8 +182,8 @@ def executors_lost(exc: BaseException) -> str | None:
     attempts, executor, reason = found.groups()
     last = "; ".join(part.strip().rstrip(".") for part in (executor, reason) if part)
     return (
-        f"Spark's executors were lost repeatedly: a task failed {attempts} times, its "
-        f"executor gone each time{f' (last: {last})' if last else ''}; check the Spark "
+        f"Spark's executors were lost repeatedly: a task failed {attempts} times, the last "
+        f"time with its executor gone{f' ({last})' if last else ''}; check the Spark "
         "workers' memory and logs (an executor killed by the system, or out of memory), "
         "then rerun the command: the lake is consistent"
     )
