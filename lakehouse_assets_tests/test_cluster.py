@@ -168,7 +168,7 @@ def test_executors_lost_again_and_again_is_one_line(
     and the command says so in one line, what to check and that a rerun is safe,
     without a traceback. Here the executors' Python kills its executor JVM on
     start; the command's own session allows 2 attempts (``spark.task.maxFailures``,
-    a setting of the application). The rerun on healthy executors flushes all."""
+    a setting of the application)."""
     import json
 
     python = os.environ["LAKEHOUSE_SPARK_EXECUTOR_PYTHON"]  # the cluster's (conftest)
@@ -183,7 +183,9 @@ def test_executors_lost_again_and_again_is_one_line(
     )
     killer.chmod(0o755)
     ds = local_lake.create_dataset("executors_lost")
-    written = sum(ds.add_entity(e, origin="import") for e in sample_entities()[:5])
+    # one entity: one journal bucket, one task, whose second attempt goes to the
+    # other executor at once (no wait for a new one: the test stays cheap)
+    written = ds.add_entity(sample_entities()[0], origin="import")
     conf = {**json.loads(os.environ["LAKEHOUSE_SPARK_CONFIG"]), "spark.task.maxFailures": "2"}
     env = lakehouse_env(
         local_lake,
@@ -198,10 +200,10 @@ def test_executors_lost_again_and_again_is_one_line(
         "Error: Spark's executors were lost repeatedly: a task failed 2 times"
     ), done.stderr[-3000:]
     assert "workers' memory and logs" in last and "rerun" in last
-    assert ds.journal.count(ds.name) == written  # nothing flushed, nothing lost
-    # the rerun (this process's session, whose executors are healthy) flushes all
-    assert ds.flush().new == written and ds.journal.count(ds.name) == 0
-    assert len(table_rows(ds)) == written
+    # nothing committed, nothing lost: a rerun has it all to do (a first flush on
+    # this process's session is another minute on two busy cores: left out)
+    assert ds.statements_table.table() is None
+    assert ds.journal.count(ds.name) == written
 
 
 def test_a_sqlite_journal_on_a_cluster_is_read_by_the_driver(
