@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import orjson
 import pytest
 
-from lakehouse_assets import Lakehouse, Settings
+from lakehouse_assets import Dataset, Lakehouse, Settings
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import ConfigurationError
 from lakehouse_assets.locks import pid_alive
@@ -158,6 +158,52 @@ def test_a_dependency_missing_on_the_executors_is_one_line(
     assert lines[-1].startswith("Error: Spark's executors lack the Python module"), done.stderr
     assert "LAKEHOUSE_SPARK_EXECUTOR_PYTHON" in lines[-1] and "Traceback" not in done.stderr
     assert ds.journal.count(ds.name) == written  # nothing flushed, nothing lost
+
+
+def test_executors_lost_again_and_again_is_one_line(
+    spark: SparkSession, local_lake: Lakehouse, tmp_path: Path
+) -> None:
+    """Executors that die under every attempt of a task (as the out-of-memory killer
+    would end them): Spark gives up (``Task … failed N times … ExecutorLostFailure``)
+    and the command says so in one line, what to check and that a rerun is safe,
+    without a traceback. Here the executors' Python kills its executor JVM on
+    start; the command's own session allows 2 attempts (``spark.task.maxFailures``,
+    a setting of the application)."""
+    import json
+
+    python = os.environ["LAKEHOUSE_SPARK_EXECUTOR_PYTHON"]  # the cluster's (conftest)
+    killer = tmp_path / "python-that-kills-its-executor"
+    killer.write_text(
+        "#!/bin/sh\n"
+        "# started by an executor JVM (Spark's Python daemon): end that JVM, as the system would\n"
+        "if tr '\\0' ' ' < /proc/$PPID/cmdline | grep -q CoarseGrainedExecutorBackend; then\n"
+        "  kill -9 $PPID; exit 1\n"
+        "fi\n"
+        f'exec "{python}" "$@"\n'
+    )
+    killer.chmod(0o755)
+    ds = local_lake.create_dataset("executors_lost")
+    # one entity: one journal bucket, one task, whose second attempt goes to the
+    # other executor at once (no wait for a new one: the test stays cheap)
+    written = ds.add_entity(sample_entities()[0], origin="import")
+    conf = {**json.loads(os.environ["LAKEHOUSE_SPARK_CONFIG"]), "spark.task.maxFailures": "2"}
+    env = lakehouse_env(
+        local_lake,
+        LAKEHOUSE_SPARK_EXECUTOR_PYTHON=str(killer),
+        LAKEHOUSE_SPARK_CONFIG=json.dumps(conf),
+    )
+    done = _cli(*cli_args(ds), "flush", env=env)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "Error: Spark's executors were lost repeatedly: a task failed 2 times"
+    ), done.stderr[-3000:]
+    assert "workers' memory and logs" in last and "rerun" in last
+    # nothing committed, nothing lost: a rerun has it all to do (a first flush on
+    # this process's session is another minute on two busy cores: left out)
+    assert ds.statements_table.table() is None
+    assert ds.journal.count(ds.name) == written
 
 
 def test_a_sqlite_journal_on_a_cluster_is_read_by_the_driver(
@@ -306,14 +352,132 @@ def _export_bytes(ds) -> bytes:  # type: ignore[no-untyped-def]
     return ds.store.read_bytes(cv.dataset_path(ds.name, cv.STATEMENTS_CSV))  # type: ignore[no-any-return]
 
 
+#: The exports compared byte for byte between the cluster and an in-process run.
+EXPORTS = (cv.STATEMENTS_CSV, cv.ENTITIES_JSON, cv.STATISTICS_JSON)
+
+#: docs/cluster.md's Dagster recipe: the ``spark`` resource's ``remote`` by run
+#: config, the URL (with its token) from an environment variable of the run worker
+CLUSTER_RUN_CONFIG = {
+    "resources": {"spark": {"config": {"remote": {"env": "SPARK_CLUSTER_CONNECT"}}}}
+}
+
+#: A Dagster run worker's part: the dataset a partition (as the sensor adds it), the
+#: journal reported, ``refresh_dataset``'s flush and exports (its checks, graph and
+#: index are the in-process suite's) run with the run config; what it
+#: materialized and whether this process started a JVM of its own, as JSON.
+DAGSTER_REFRESH = """
+import json, sys
+import dagster as dg
+from pyspark import SparkContext
+from lakehouse_assets.definitions import defs
+from lakehouse_assets.defs.demo import report_sources
+from lakehouse_assets.defs.resources import LakehouseResource
+
+name, run_config = sys.argv[1], json.loads(sys.argv[2])
+with dg.instance_for_test() as instance:
+    report_sources(instance, LakehouseResource(), name)
+    result = defs.resolve_job_def("refresh_dataset").execute_in_process(
+        run_config=run_config,
+        partition_key=name,
+        instance=instance,
+        op_selection=["flush_tables", "exports"],
+        raise_on_error=False,
+    )
+    materialized = {
+        event.materialization.asset_key.to_user_string(): {
+            "partition": event.materialization.partition,
+            **{k: v.value for k, v in event.materialization.metadata.items()
+               if isinstance(v.value, (int, str))},
+        }
+        for event in result.get_asset_materialization_events()
+    }
+print(json.dumps({"success": result.success, "materialized": materialized,
+                  "jvm_here": SparkContext._gateway is not None}))
+"""
+
+
+def _seen_entities() -> bytes:
+    """The sample entities and a few hundred people, each with its own seen times
+    and last change (kept by the lakehouse): the input of two runs whose exports
+    must be the same bytes."""
+    out = []
+    people = [orjson.loads(line) for line in _people(300).splitlines()]
+    for n, entity in enumerate(sample_entities() + people):
+        day = 1 + n % 28
+        out.append(
+            orjson.dumps(
+                {
+                    **entity,
+                    "first_seen": f"2023-01-{day:02d}T10:00:00",
+                    "last_seen": f"2024-03-{day:02d}T12:00:00",
+                    "last_change": f"2023-06-{day:02d}T08:30:00",
+                }
+            )
+        )
+    return b"\n".join(out) + b"\n"
+
+
+def _child_env(lake: Lakehouse, **extra: str) -> dict[str, str]:
+    """A child's environment for ``lake`` without this process's Spark settings
+    (conftest's ``spark`` puts the cluster's there): only ``extra``'s apply."""
+    env = lakehouse_env(lake, **extra)
+    for key in (
+        "LAKEHOUSE_SPARK_REMOTE",
+        "LAKEHOUSE_SPARK_MASTER",
+        "LAKEHOUSE_SPARK_CONFIG",
+        "LAKEHOUSE_SPARK_EXECUTOR_PYTHON",
+    ):
+        env.pop(key, None)
+    env.update(extra)
+    return env
+
+
 @pytest.mark.slow
 def test_a_connect_server_on_the_cluster_runs_the_shipped_code(
     spark: SparkSession, spark_cluster: Settings, local_lake: Lakehouse, tmp_path: Path
 ) -> None:
     """A Spark Connect server whose driver uses the cluster, and whose Python (for
     its own data-source planning and for the executors) lacks the package: a
-    client's session ships the code (addArtifacts), and flush + exports run
-    there from a CLI process with only LAKEHOUSE_SPARK_REMOTE set."""
+    client's session ships the code (addArtifacts). On it: flush + exports from
+    a CLI process with only LAKEHOUSE_SPARK_REMOTE set; Dagster's
+    ``refresh_dataset`` (its flush and exports) with the ``spark`` resource's
+    ``remote`` set by run config (docs/cluster.md's recipe; no JVM in the run
+    worker), whose exports are byte for byte those of an in-process
+    ``local[1]`` run of the same input (fixed seen times) on another lake."""
+    seen = _seen_entities()
+    # the in-process reference run, started first: it overlaps the server's start
+    reference_lake = Lakehouse(
+        tmp_path / "reference", journal_url=f"sqlite:///{tmp_path / 'reference.sqlite'}"
+    )
+    reference_ds = reference_lake.create_dataset("seen_fixed")
+    reference_ds.write_entities(io.BytesIO(seen), origin="import")
+    log = tmp_path / "reference.log"
+    with log.open("wb") as output:  # a file: a pipe nobody reads while the server starts fills up
+        reference = subprocess.Popen(
+            [*LAKEHOUSE, *cli_args(reference_ds), "make"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=_child_env(reference_lake, LAKEHOUSE_SPARK_MASTER="local[1]"),
+        )
+    try:
+        on_cluster = _refresh_on_a_connect_server(spark_cluster, local_lake, seen, tmp_path)
+        reference.wait(timeout=600)
+    finally:
+        if reference.poll() is None:
+            reference.kill()
+            reference.wait()
+    assert reference.returncode == 0, log.read_text()[-3000:]
+    for path in EXPORTS:
+        mine = on_cluster.store.read_bytes(cv.dataset_path(on_cluster.name, path))
+        theirs = reference_ds.store.read_bytes(cv.dataset_path(reference_ds.name, path))
+        assert mine == theirs, f"{path} differs between the cluster and local[1]"
+
+
+def _refresh_on_a_connect_server(
+    spark_cluster: Settings, local_lake: Lakehouse, seen: bytes, tmp_path: Path
+) -> Dataset:
+    """The Connect server on the cluster: the CLI's make, then Dagster's refresh of
+    ``seen`` (checked here); the refreshed dataset."""
     import json
 
     from lakehouse_assets.spark import connect
@@ -339,19 +503,38 @@ def test_a_connect_server_on_the_cluster_runs_the_shipped_code(
     )
     try:
         assert started.stdout.strip() == "True", started.stderr
+        url = connect.client_url(server, port)
         ds = local_lake.create_dataset("over_connect")
         written = sum(ds.add_entity(e, origin="import") for e in sample_entities())
-        env = lakehouse_env(local_lake, LAKEHOUSE_SPARK_REMOTE=connect.client_url(server, port))
-        for key in ("LAKEHOUSE_SPARK_MASTER", "LAKEHOUSE_SPARK_CONFIG"):
-            env.pop(key, None)
-        done = _cli(*cli_args(ds), "make", env=env)
+        done = _cli(*cli_args(ds), "make", env=_child_env(local_lake, LAKEHOUSE_SPARK_REMOTE=url))
         assert done.returncode == 0, done.stderr
         assert ds.journal.count(ds.name) == 0 and len(table_rows(ds)) == written
         exported = _export_bytes(ds)
         rows = list(csv.reader(io.StringIO(exported.decode("utf-8"), newline="")))
         assert len(rows) == written + 1  # a header and every statement
+
+        # Dagster: the resource pointed at the server by run config alone
+        on_cluster = local_lake.create_dataset("seen_fixed")
+        count = on_cluster.write_entities(io.BytesIO(seen), origin="import").count
+        ran = run_python(
+            DAGSTER_REFRESH,
+            on_cluster.name,
+            json.dumps(CLUSTER_RUN_CONFIG),
+            env=_child_env(local_lake, SPARK_CLUSTER_CONNECT=url),
+            check=False,
+            timeout=600,
+        )
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        report = json.loads(ran.stdout.strip().splitlines()[-1])
+        assert report["success"] and not report["jvm_here"], ran.stderr[-3000:]
+        materialized = report["materialized"]
+        for key in ("statements", "translog", "statements_csv", "entities_ftm_json", "statistics"):
+            assert materialized[key]["partition"] == on_cluster.name, sorted(materialized)
+        assert materialized["statements"]["new_statements"] == count
+        assert on_cluster.journal.count(on_cluster.name) == 0
     finally:
         connect.stop(server, port)
+    return on_cluster
 
 
 def _can_hide_folders() -> bool:

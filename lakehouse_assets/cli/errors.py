@@ -148,9 +148,42 @@ def user_error(exc: BaseException) -> str | None:
         # executors): one line naming it instead of Spark's two tracebacks
         from lakehouse_assets.spark.shipping import missing_module
 
-        return missing_module(exc)
+        return missing_module(exc) or executors_lost(exc)
     if module in ("botocore", "boto3", "s3transfer"):
         return f"lake storage (S3): {exc}"
     if isinstance(exc, NotADirectoryError | FileExistsError | IsADirectoryError | PermissionError):
         return f"lake storage: {exc}"
     return None
+
+
+#: Spark's job abort when a task's attempts all ended with their executor gone
+#: (``Task 0 in stage 3.0 failed 4 times, most recent failure: Lost task 0.3 …:
+#: ExecutorLostFailure (executor 2 exited caused by one of the running tasks)
+#: Reason: Command exited with code 137``)
+_EXECUTORS_LOST = re.compile(
+    r"failed (\d+) times, most recent failure: [^\n]*?ExecutorLostFailure"
+    r"(?: \(([^)\n]*)\))?(?: Reason: ([^\n]*))?"
+)
+
+
+def executors_lost(exc: BaseException) -> str | None:
+    """The one line for a Spark job that gave up because its executors kept dying, or None.
+
+    An executor killed under a task (the system's out-of-memory killer, a
+    worker stopped, a machine lost) fails the task; Spark runs it again on
+    another executor and gives up after ``spark.task.maxFailures`` attempts.
+    The step commits only after its Spark jobs succeed (a flush batch, an
+    export's files), so the lake holds every earlier commit and nothing of
+    the failed step, and the command can simply be run again.
+    """
+    found = _EXECUTORS_LOST.search(str(exc))
+    if found is None:
+        return None
+    attempts, executor, reason = found.groups()
+    last = "; ".join(part.strip().rstrip(".") for part in (executor, reason) if part)
+    return (
+        f"Spark's executors were lost repeatedly: a task failed {attempts} times, the last "
+        f"time with its executor gone{f' ({last})' if last else ''}; check the Spark "
+        "workers' memory and logs (an executor killed by the system, or out of memory), "
+        "then rerun the command: the lake is consistent"
+    )
