@@ -180,7 +180,10 @@ def refresh_requests(
         if any(not state.fresh for state in freshness(ds).values()):
             stale.append(ds.name)
     if not stale:
-        return dg.SkipReason(f"every dataset fresh ({len(look)} judged, {len(names)} in all)")
+        return dg.SkipReason(
+            f"no stale dataset: {len(look)} of {len(names)} judged (those whose change marker "
+            f"moved since {since:%Y-%m-%d %H:%M} UTC, or whose refresh failed since)"
+        )
     stamp = context.scheduled_execution_time.strftime("%Y%m%dT%H%M")
     requests = []
     for low, high in _ranges(names, stale, MAX_REFRESH_RUNS):
