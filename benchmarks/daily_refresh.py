@@ -65,11 +65,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", type=int, default=200)
     parser.add_argument("--s3", action="store_true", help="on a loopback moto_server")
+    parser.add_argument(
+        "--ticks-only",
+        action="store_true",
+        help="only the schedule's ticks, on datasets never flushed (no Spark): what a tick "
+        "costs at many datasets",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="lakehouse-bench-daily-"))
+    (work / "src").mkdir()
+    os.environ["LAKEHOUSE_SOURCE_ROOTS"] = str(work / "src")  # benchmarks.sensors.fill's files
     try:
         with lake_of(work, args.s3) as lake:
-            rows = measure(lake, args.datasets)
+            rows = (
+                ticks_only(lake, args.datasets) if args.ticks_only else measure(lake, args.datasets)
+            )
         print(f"\n{args.datasets} datasets, {'s3' if args.s3 else 'local'} lake")
         print("| step | wall | per dataset | asks for |")
         print("|---|---|---|---|")
@@ -181,6 +191,41 @@ def measure(lake: Lakehouse, count: int) -> list[tuple[str, float | None, str]]:
                 lake.dataset(name).add_entity(entity)
         tick_and_runs(f"after {min(CHANGED, count)} writes, the same day", now)
         tick_and_runs("no change, three days later", now + timedelta(days=3))
+    return rows
+
+
+def ticks_only(lake: Lakehouse, count: int) -> list[tuple[str, float | None, str]]:
+    """The schedule's ticks on ``count`` datasets written to (a journal tag each, as
+    :func:`benchmarks.sensors.fill` writes them) but never flushed: every one is
+    stale, so a tick that judges them asks for runs (not executed here)."""
+    from benchmarks.sensors import fill
+    from lakehouse_assets.definitions import defs
+
+    clock = time.perf_counter()
+    names = fill(lake, count)
+    rows: list[tuple[str, float | None, str]] = [
+        ("datasets written (a journal tag each, never flushed)", _since(clock), "")
+    ]
+    schedule = defs.resolve_schedule_def("daily_refresh")
+    now = datetime.now(UTC)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(DATASETS, names)
+        for label, when in (
+            ("every marker moved in the last two days: schedule tick", now),
+            ("no marker moved since: schedule tick, three days later", now + timedelta(days=3)),
+        ):
+            with dg.build_schedule_context(
+                instance=instance,
+                scheduled_execution_time=when,
+                repository_def=defs.get_repository_def(),
+                resources=resources(lake),
+            ) as ctx:
+                clock = time.perf_counter()
+                data = schedule.evaluate_tick(ctx)
+                took = _since(clock)
+            requests = list(data.run_requests or [])
+            why = f" ({data.skip_message})" if data.skip_message else ""
+            rows.append((label, took, _asked(requests, names) + why))
     return rows
 
 
