@@ -34,7 +34,7 @@ from lakehouse_assets.defs.freshness import SENSORS as FRESHNESS_SENSORS
 from lakehouse_assets.defs.ingest import JOBS as INGEST_JOBS
 from lakehouse_assets.defs.ingest import SENSORS as INGEST_SENSORS
 from lakehouse_assets.defs.maintenance import ASSETS as MAINTENANCE
-from lakehouse_assets.defs.maintenance import JOBS, SCHEDULES, all_datasets
+from lakehouse_assets.defs.maintenance import JOBS, SCHEDULES, refresh_requests
 from lakehouse_assets.defs.queue import JOBS as QUEUE_JOBS
 from lakehouse_assets.defs.queue import SENSORS as QUEUE_SENSORS
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource, s3_from_env
@@ -66,11 +66,14 @@ refresh_dataset = dg.define_asset_job(
     cron_schedule="0 3 * * *",
     execution_timezone="UTC",
     default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Every day: the whole chain for every dataset, in one run (cheap when "
-    "nothing changed: nothing to flush, fresh exports kept).",
+    description="Every day: the whole chain for the datasets the freshness rule finds "
+    "stale (judged where the change marker moved since the last ticks; no run when "
+    "nothing changed), neighbours in one run.",
 )
-def daily_refresh(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
-    return all_datasets(context, "refresh")
+def daily_refresh(
+    context: dg.ScheduleEvaluationContext, lakehouse: LakehouseResource
+) -> list[dg.RunRequest] | dg.SkipReason:
+    return refresh_requests(context, lakehouse.lake(), "refresh_dataset")
 
 
 #: Run tags of every automation run (Dagster adds dagster/partition: the dataset).

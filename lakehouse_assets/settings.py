@@ -280,8 +280,8 @@ class Settings(BaseSettings):
         le=MAX_RETENTION_HOURS,
         allow_inf_nan=False,
         description="The exports, index and graph index fail their Dagster FreshnessPolicy "
-        "when not materialized for this long (the daily refresh materializes them every day); "
-        "they warn after three quarters of it.",
+        "when no dataset's was materialized for this long (the daily refresh materializes "
+        "only stale datasets); they warn after three quarters of it.",
     )
     freshness_check_interval_seconds: int = Field(
         default=300,

@@ -4,7 +4,7 @@ on real lakes (local and the loopback S3 server) and a real Dagster instance."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +195,44 @@ def test_one_run_refreshes_many_datasets_then_maintains_them(
     # optimize does not make the exports stale
     assert all(v.fresh for v in _states(local_lake, "beta").values())
 
+    # the daily refresh asks for no run when nothing changed (it asked for one
+    # run over every dataset, every day); after writes, for those datasets only
+    now = datetime.now(UTC)
+    quiet = daily_tick(instance, local_lake, now)
+    assert not quiet.run_requests and "3 of 3 judged" in str(quiet.skip_message)
+    later = daily_tick(instance, local_lake, now + timedelta(days=3))  # markers not moved since
+    assert not later.run_requests and "0 of 3 judged" in str(later.skip_message)
+    for name in ("alpha", "gamma"):
+        local_lake.dataset(name).add_entity(
+            {"id": f"{name}-new", "schema": "Person", "properties": {"name": ["New"]}}
+        )
+    asked = daily_tick(instance, local_lake, now + timedelta(days=1)).run_requests or []
+    assert [r.partition_key for r in asked] == ["alpha", "gamma"]  # not beta, between them
+    for request in asked:
+        assert (
+            defs.resolve_job_def("refresh_dataset")
+            .execute_in_process(
+                instance=instance,
+                partition_key=request.partition_key,
+                resources={"lakehouse": lakehouse(local_lake), "spark": SparkResource()},
+            )
+            .success
+        )
+    assert not daily_tick(instance, local_lake, now + timedelta(days=1)).run_requests
+
+
+def daily_tick(
+    instance: dg.DagsterInstance, lake: Lakehouse, when: datetime
+) -> dg.ScheduleExecutionData:
+    """The ``daily_refresh`` schedule evaluated as the daemon does, at ``when``."""
+    with dg.build_schedule_context(
+        instance=instance,
+        scheduled_execution_time=when,
+        repository_def=defs.get_repository_def(),
+        resources={"lakehouse": lakehouse(lake)},
+    ) as ctx:
+        return defs.resolve_schedule_def("daily_refresh").evaluate_tick(ctx)
+
 
 def _states(lake: Lakehouse, name: str) -> dict[str, Any]:
     from lakehouse_assets.freshness import freshness
@@ -301,10 +339,10 @@ def test_fresh_check_turns_failed_and_passed_again(
     tick(cursor, False, "2 journal rows wait")
 
 
-def test_schedules_ask_for_one_run_over_every_dataset() -> None:
+def test_maintenance_schedules_ask_for_one_run_over_every_dataset() -> None:
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(DATASETS, ["a", "b", "c"])
-        for name in ("nightly_optimize", "weekly_compact", "daily_refresh"):
+        for name in ("nightly_optimize", "weekly_compact"):
             schedule = defs.resolve_schedule_def(name)
             tick = datetime(2026, 11, 22, 2, 0, tzinfo=UTC)
             ctx = dg.build_schedule_context(
@@ -337,3 +375,13 @@ def test_loading_the_definitions_shows_no_beta_or_preview_notice() -> None:
         check=True,
     )
     assert "BetaWarning" not in done.stderr and "PreviewWarning" not in done.stderr, done.stderr
+
+
+def test_the_daily_refresh_groups_stale_neighbours_into_few_runs() -> None:
+    from lakehouse_assets.defs.maintenance import _ranges
+
+    names = list("abcdefghij")
+    assert _ranges(names, list("abdhj"), 5) == [("a", "b"), ("d", "d"), ("h", "h"), ("j", "j")]
+    # over the limit, the ranges with the fewest datasets between them merge
+    assert _ranges(names, list("abdhj"), 2) == [("a", "d"), ("h", "j")]
+    assert _ranges(names, list("abdhj"), 1) == [("a", "j")]

@@ -132,12 +132,18 @@ def make_cmd(obj: Context, force: bool, as_json: bool) -> None:
     _report(result, as_json)
 
 
+def _spark_session_module() -> Any:
+    """``lakehouse_assets.spark.session`` if this process imported it (else None:
+    Spark was never started here, and importing it now would cost seconds)."""
+    import sys
+
+    return sys.modules.get("lakehouse_assets.spark.session")
+
+
 def _spark_sessions() -> int:
     """How many Spark sessions this process holds (0 when Spark was never imported):
     ``make`` run inside another program (a test, a notebook) leaves theirs open."""
-    import sys
-
-    session = sys.modules.get("lakehouse_assets.spark.session")
+    session = _spark_session_module()
     return 0 if session is None else session.open_sessions()
 
 
@@ -145,9 +151,7 @@ def _stop_spark(result: Any) -> None:
     """Stop an in-process Spark now, as a part of its own, rather than in the exit
     handlers after the summary (whose total would then leave it out). A Connect
     server keeps running; no Spark started, nothing imported."""
-    import sys
-
-    session = sys.modules.get("lakehouse_assets.spark.session")
+    session = _spark_session_module()
     if session is None:
         return
     from lakehouse_assets import progress

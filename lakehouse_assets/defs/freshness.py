@@ -2,9 +2,11 @@
 
 - ``POLICY`` (``dg.FreshnessPolicy.time_window``) on the exports, the index and
   the graph index: the UI marks an asset failing when it was not materialized
-  for ``LAKEHOUSE_FRESHNESS_HOURS`` (26 h: the daily refresh materializes every
-  dataset each day, fresh exports included). Dagster judges this per asset,
-  not per dataset.
+  for ``LAKEHOUSE_FRESHNESS_HOURS`` (26 h). Dagster judges this per asset,
+  not per dataset: any dataset's materialization counts. The daily refresh
+  materializes only the datasets it finds stale, so on a lake where nothing
+  changed for that long the policy fails although every dataset is fresh by
+  the rule below (which is the one to read).
 - ``exports_fresh``: an asset check **per partition** (dataset) that applies the
   specification's rule (:mod:`lakehouse_assets.freshness`: the export's tag
   is newer than its dependencies' and the journal is empty). It runs after

@@ -9,27 +9,32 @@ fresh. What they changed is reported where operators look for it, as an
 observation of ``statements`` (and ``translog``) with the new table version,
 per dataset.
 
-The schedules ask for one run over every dataset (``BackfillPolicy.single_run``
+The schedules ask for one run over many datasets (``BackfillPolicy.single_run``
 on every computed asset), so N datasets share one Spark start:
 
 - ``nightly_optimize``: ``optimize`` (with vacuum) at 02:00 UTC;
 - ``weekly_compact``: ``compact`` on Sundays at 04:00 UTC;
 - ``daily_refresh``: the whole chain (``refresh_dataset``) at 03:00 UTC, for
-  datasets whose automation was paused or that missed a tick; fresh exports
-  are kept, so it is cheap when nothing changed.
+  datasets whose automation was paused or that missed a tick: only those
+  the freshness rule finds stale (:func:`refresh_requests`), so a day with
+  no change asks for no run.
 """
 
-from collections.abc import Iterator
+import bisect
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
+from lakehouse_assets import conventions as cv
 from lakehouse_assets.defs.batch import SINGLE_RUN, Report, for_each_dataset, materializations
 from lakehouse_assets.defs.metadata import table_metadata, table_summary
-from lakehouse_assets.defs.partitions import DATASETS, datasets
+from lakehouse_assets.defs.partitions import DATASETS, datasets, existing_datasets
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
-from lakehouse_assets.lake import Dataset
+from lakehouse_assets.freshness import freshness
+from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.tables.schemas import STATEMENTS_SCHEMA, TRANSLOG_SCHEMA
 
 GROUP = "ftm_lakehouse"  # one group: the UI folds a graph of several groups
@@ -137,6 +142,96 @@ def all_datasets(
     if len(names) == 1:
         return dg.RunRequest(run_key=key, partition_key=names[0])
     return dg.RunRequest(run_key=key, tags={RANGE_START: names[0], RANGE_END: names[-1]})
+
+
+#: How far back the daily refresh looks for moved change markers: two days, so
+#: one missed tick (a daemon down over 03:00) loses nothing.
+LOOKBACK = timedelta(days=2)
+
+#: At most this many runs per tick: stale datasets far apart in partition order
+#: are separate runs (each its own Spark start), near ones share one.
+MAX_REFRESH_RUNS = 5
+
+
+def refresh_requests(
+    context: dg.ScheduleEvaluationContext, lake: Lakehouse, job_name: str
+) -> list[dg.RunRequest] | dg.SkipReason:
+    """The daily refresh's runs: over the datasets the freshness rule finds stale.
+
+    Every writer the rule reads moves the dataset's change marker, so a dataset
+    whose marker did not move since the last ticks (:data:`LOOKBACK`) is as the
+    ticks found it. A tick judges (tags and a journal count, no Spark) only the
+    datasets whose marker moved since then, those without a marker, and those
+    of this job's runs that failed since (their marker may not have moved);
+    with no change it costs one listing of the markers and one query of runs.
+    Stale datasets next to each other in partition order share a run (a range),
+    at most :data:`MAX_REFRESH_RUNS` runs.
+    """
+    names = sorted(context.instance.get_dynamic_partitions(DATASETS))
+    if not names:
+        return dg.SkipReason("no datasets yet")
+    since = context.scheduled_execution_time - LOOKBACK
+    prefix = cv.CHANGES + "/"
+    moved = {e.path[len(prefix) :]: e.modified for e in lake.store.entries(prefix)}
+    look = {n for n in names if moved.get(n, since.timestamp()) >= since.timestamp()}
+    look |= _failed_run_datasets(context.instance, job_name, since, names)
+    stale = []
+    for ds in existing_datasets(lake, sorted(look)):
+        if any(not state.fresh for state in freshness(ds).values()):
+            stale.append(ds.name)
+    if not stale:
+        return dg.SkipReason(
+            f"no stale dataset: {len(look)} of {len(names)} judged (those whose change marker "
+            f"moved since {since:%Y-%m-%d %H:%M} UTC, or whose refresh failed since)"
+        )
+    stamp = context.scheduled_execution_time.strftime("%Y%m%dT%H%M")
+    requests = []
+    for low, high in _ranges(names, stale, MAX_REFRESH_RUNS):
+        key = f"refresh:{stamp}:{low}"
+        if low == high:
+            requests.append(dg.RunRequest(run_key=key, partition_key=low))
+        else:
+            requests.append(dg.RunRequest(run_key=key, tags={RANGE_START: low, RANGE_END: high}))
+    return requests
+
+
+def _failed_run_datasets(
+    instance: dg.DagsterInstance, job_name: str, since: datetime, names: Sequence[str]
+) -> set[str]:
+    """The datasets of this job's runs that failed (or were canceled) since ``since``."""
+    runs = instance.get_runs(
+        dg.RunsFilter(
+            job_name=job_name,
+            statuses=[dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED],
+            created_after=since,
+        )
+    )
+    found: set[str] = set()
+    for run in runs:
+        partition = run.tags.get("dagster/partition")
+        low, high = run.tags.get(RANGE_START), run.tags.get(RANGE_END)
+        if partition is not None:
+            found.add(partition)
+        elif low is not None and high is not None:
+            found.update(n for n in names if low <= n <= high)
+    return found
+
+
+def _ranges(names: Sequence[str], picked: Sequence[str], most: int) -> list[tuple[str, str]]:
+    """``picked`` (a sorted subset of the sorted ``names``) as ranges of ``names``:
+    neighbours share a range, and the ranges with the fewest names between them
+    merge until there are at most ``most``."""
+    at = [bisect.bisect_left(names, n) for n in picked]
+    spans = [[at[0], at[0]]]
+    for i in at[1:]:
+        if i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    while len(spans) > most:
+        gap = min(range(len(spans) - 1), key=lambda k: spans[k + 1][0] - spans[k][1])
+        spans[gap : gap + 2] = [[spans[gap][0], spans[gap + 1][1]]]
+    return [(names[low], names[high]) for low, high in spans]
 
 
 @dg.schedule(

@@ -17,7 +17,7 @@ import pyarrow as pa
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.freshness import EXPORTS, INDEX
 from lakehouse_assets.lake import Dataset
-from lakehouse_assets.tables.delta import DeltaLocation
+from lakehouse_assets.tables.delta import DeltaLocation, add_actions
 
 #: Dagster's tag for a reported event's data version (what staleness compares).
 DATA_VERSION_TAG = "dagster/data_version"
@@ -41,7 +41,7 @@ def table_summary(location: DeltaLocation) -> TableSummary:
     if table is None:
         return summary
     summary.version = table.version()
-    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    actions = add_actions(table)
     for action in actions:
         rows = int(action.get("num_records") or 0)
         summary.rows += rows

@@ -26,6 +26,7 @@ from lakehouse_assets.graph.tables import (
     _write,
     table_location,
 )
+from lakehouse_assets.tables.delta import add_actions_table
 from lakehouse_assets.tables.schemas import (
     STATEMENTS_PARTITION,
     STATEMENTS_SCHEMA,
@@ -305,7 +306,7 @@ def _max_generation(ds: DatasetContext) -> int:
         dt = table_location(ds, table).table()
         if dt is None:
             continue
-        actions = pa.table(dt.get_add_actions(flatten=True))
+        actions = add_actions_table(dt)
         if "max.generation" in actions.column_names and actions.num_rows:
             best = max(best, int(pc.max(actions.column("max.generation")).as_py() or 0))
     return best

@@ -26,8 +26,9 @@ from lakehouse_assets.graph.tables import (
     _table_files,
     table_location,
 )
+from lakehouse_assets.tables.arrays import values_array
 from lakehouse_assets.tables.lookups import point_lookup
-from lakehouse_assets.tables.snapshot import DataFile, arrow_dataset
+from lakehouse_assets.tables.snapshot import DataFile
 
 if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
@@ -127,11 +128,17 @@ def _lookup(
 
 
 def _visible(ds: DatasetContext, rows: pa.Table, state: GraphState) -> pa.Table:
-    """Rows of completed generations, minus tombstoned ones, one per (origin, edge)."""
+    """Rows of completed generations, minus tombstoned ones, one per (origin, edge).
+
+    No Acero join or group-by (nor ``pa.array`` of Python lists): they import
+    pyarrow.dataset and pandas, a quarter of a ``refs``; the edges at an entity
+    are few, so the tombstones' latest generations are a dict.
+    """
     if rows.num_rows == 0:
         return rows
-    done = pa.array(state.generations, pa.int64())
+    done = values_array(state.generations, pa.int64())
     rows = rows.filter(pc.is_in(rows.column("generation"), done))
+    latest: dict[tuple[str, str], int] = {}
     if state.tombstones and rows.num_rows:
         location = table_location(ds, TOMBSTONES)
         listed = state.files.get(TOMBSTONES) or _table_files(ds, TOMBSTONES, "edge_id")
@@ -141,27 +148,39 @@ def _visible(ds: DatasetContext, rows: pa.Table, state: GraphState) -> pa.Table:
                 DataFile(f"{root}/{f['path']}", str(f["path"]), 0, {}, None, None) for f in listed
             ]
             # the table's types whoever wrote the files (see tables.arrow_dataset)
-            tombs = arrow_dataset(files, TOMBSTONE_SCHEMA, location.storage_options).to_table(
-                filter=pc.field("edge_id").isin(rows.column("edge_id").combine_chunks())
+            tombs = point_lookup(
+                files,
+                TOMBSTONE_SCHEMA,
+                location.storage_options,
+                {"edge_id": pc.unique(rows.column("edge_id")).to_pylist()},
             )
             tombs = tombs.filter(pc.is_in(tombs.column("generation"), done))
-            if tombs.num_rows:
-                latest = tombs.group_by(["origin", "edge_id"]).aggregate([("generation", "max")])
-                joined = rows.join(latest, keys=["origin", "edge_id"], join_type="left outer")
-                dead = pc.fill_null(
-                    pc.less(joined.column("generation"), joined.column("generation_max")), False
-                )
-                rows = joined.filter(pc.invert(dead)).select(EDGE_SCHEMA.names)
-    # an edge written twice (a rebuild racing nothing, a retried update): once
+            for origin, edge, generation in zip(
+                tombs.column("origin").to_pylist(),
+                tombs.column("edge_id").to_pylist(),
+                tombs.column("generation").to_pylist(),
+                strict=True,
+            ):
+                latest[(origin, edge)] = max(generation, latest.get((origin, edge), generation))
+    # an edge tombstoned by a later generation than its row's: gone; an edge
+    # written twice (a rebuild racing nothing, a retried update): once
     seen: set[tuple[str, str]] = set()
     keep = []
-    for i, (origin, edge) in enumerate(
-        zip(rows.column("origin").to_pylist(), rows.column("edge_id").to_pylist(), strict=True)
+    for i, (origin, edge, generation) in enumerate(
+        zip(
+            rows.column("origin").to_pylist(),
+            rows.column("edge_id").to_pylist(),
+            rows.column("generation").to_pylist(),
+            strict=True,
+        )
     ):
+        tombstoned = latest.get((origin, edge))
+        if tombstoned is not None and generation < tombstoned:
+            continue
         if (origin, edge) not in seen:
             seen.add((origin, edge))
             keep.append(i)
-    return rows.take(pa.array(keep, pa.int64()))
+    return rows.take(values_array(keep, pa.int64()))
 
 
 def all_edges(ds: DatasetContext) -> pa.Table:

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from deltalake import BloomFilterProperties, ColumnProperties, WriterProperties
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.tables.delta import CommitFence, DeltaLocation, fenced_write
+from lakehouse_assets.tables.delta import CommitFence, DeltaLocation, add_actions, fenced_write
 
 if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
@@ -62,7 +62,7 @@ def _table_files(ds: DatasetContext, table: str, column: str) -> list[dict[str, 
             "min": a.get(f"min.{column}"),
             "max": a.get(f"max.{column}"),
         }
-        for a in pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+        for a in add_actions(dt)
     ]
 
 

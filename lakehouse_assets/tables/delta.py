@@ -318,6 +318,23 @@ def _add_missing_columns(table: DeltaTable, schema: pa.Schema, props: CommitProp
         )
 
 
+def add_actions_table(table: DeltaTable) -> pa.Table:
+    """The add actions of a table's snapshot (path, size, partition values, column
+    statistics), flattened, as Arrow.
+
+    Read through the Arrow stream interface: ``pa.table()`` of delta-rs' table
+    first asks whether it is a pandas DataFrame, which imports pandas (0.2-0.3 s
+    of a ``get`` that needs none of it).
+    """
+    return pa.RecordBatchReader.from_stream(table.get_add_actions(flatten=True)).read_all()
+
+
+def add_actions(table: DeltaTable) -> list[dict[str, Any]]:
+    """The add actions of a table's snapshot as dicts (see :func:`add_actions_table`)."""
+    actions: list[dict[str, Any]] = add_actions_table(table).to_pylist()
+    return actions
+
+
 def committed_version(location: DeltaLocation, app_id: str) -> int | None:
     """The highest app version committed for ``app_id`` (idempotent retries)."""
     table = location.table()

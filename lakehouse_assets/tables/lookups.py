@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from lakehouse_assets.tables.arrays import constant_array, empty_table, values_array
 from lakehouse_assets.tables.snapshot import (
     DataFile,
     _row_group_index,
@@ -70,7 +71,7 @@ def point_lookup(
     """
     names = list(columns or schema.names)
     if not files or not where or any(not values for values in where.values()):
-        return schema.empty_table().select(names)
+        return empty_table(schema).select(names)
     few = sum(len(values) for values in where.values()) <= POINT_VALUES
     if few:
         try:
@@ -126,7 +127,7 @@ def _row_group_lookup(
     if sum(len(groups) for _f, _i, groups in wanted) > POINT_ROW_GROUPS:
         return None
     target = pa.schema([schema.field(n) for n in names])
-    values = {c: pa.array(where[c], schema.field(c).type) for c in stored}
+    values = {c: values_array(where[c], schema.field(c).type) for c in stored}
     parts = []
     for f, index, groups in wanted:
         if not groups:
@@ -151,11 +152,11 @@ def _row_group_lookup(
                 continue
             value = f.partition_values.get(name) if name == partition else None
             table = table.append_column(
-                name, pa.array([value] * table.num_rows, schema.field(name).type)
+                name, constant_array(value, schema.field(name).type, table.num_rows)
             )
         parts.append(table.select(names).cast(target))
     if not parts:
-        return target.empty_table()
+        return empty_table(target)
     return pa.concat_tables(parts)
 
 

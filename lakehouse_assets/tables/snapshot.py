@@ -23,16 +23,18 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyarrow import fs as pafs
 
-from lakehouse_assets.tables.delta import PUBLISHED_APP_ID, DeltaLocation
+from lakehouse_assets.tables.delta import PUBLISHED_APP_ID, DeltaLocation, add_actions
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as pads
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +73,7 @@ class Snapshot:
     @classmethod
     def of(cls, location: DeltaLocation, table: DeltaTable) -> Snapshot:
         """The snapshot of an already loaded table."""
-        actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+        actions = add_actions(table)
         root = location.uri.rstrip("/")
         files = []
         for action in actions:
@@ -242,7 +244,12 @@ def arrow_dataset(
     dataset. Such files (told by their footers, cached) are read and cast to
     the table's types here, and the dataset is the union of them and the
     others; the lakehouse's own files are scanned in place as always.
+
+    pyarrow.dataset is imported here, not by the module: it imports pandas
+    (0.2-0.3 s), which the point reads of ``get`` and ``refs`` do without.
     """
+    import pyarrow.dataset as pads
+
     if not files:
         return pads.dataset(pa.Table.from_batches([], schema=schema))
     foreign = [f for f in files if _foreign_types(f, schema, storage_options)]

@@ -14,13 +14,12 @@ from collections.abc import Mapping, MutableMapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.conventions import _table_dir
-from lakehouse_assets.tables.delta import DeltaLocation
+from lakehouse_assets.tables.delta import DeltaLocation, add_actions
 from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
 from lakehouse_assets.tables.snapshot import DatasetSnapshot, arrow_dataset
 from lakehouse_assets.versions.chain import Version
@@ -43,7 +42,7 @@ def _file_entries(
     A file the parent manifest already hashed (same path and size: data files
     are immutable) keeps its hash; only new files are read.
     """
-    actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    actions = add_actions(dt)
     entries = []
     for action in sorted(actions, key=lambda a: str(a["path"])):
         path = str(action["path"])

@@ -13,11 +13,10 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.conventions import CHAIN, _table_dir, chain_entry_path, latest_path
 from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.tables.delta import add_actions
 from lakehouse_assets.versions import coverage as verify_coverage
 from lakehouse_assets.versions.asof import snapshot_at
 from lakehouse_assets.versions.chain import Version
@@ -354,7 +353,7 @@ def _check_head_tables(ds: DatasetContext, version: Version, report: VerifyRepor
         if dt is None:
             report.problems.append(Problem(version.sequence, _table_dir(name), "table is gone"))
             continue
-        actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+        actions = add_actions(dt)
         listed = {(str(a["path"]), int(a["size_bytes"])) for a in actions}
         named = {(f["path"], int(f["size"])) for f in entry.get("files", [])}
         for path, _ in sorted(listed - named):
