@@ -274,15 +274,6 @@ class Settings(BaseSettings):
         le=24 * 3600,
         description="How often the Dagster sensors look at the lake's tags.",
     )
-    freshness_hours: float = Field(
-        default=26.0,
-        gt=0,
-        le=MAX_RETENTION_HOURS,
-        allow_inf_nan=False,
-        description="The exports, index and graph index fail their Dagster FreshnessPolicy "
-        "when no dataset's was materialized for this long (the daily refresh materializes "
-        "only stale datasets); they warn after three quarters of it.",
-    )
     freshness_check_interval_seconds: int = Field(
         default=300,
         ge=1,

@@ -71,9 +71,9 @@ def test_definitions_name_the_card_s_resources_jobs_and_policies() -> None:
         # N datasets in one run: one Spark start
         assert node.backfill_policy == dg.BackfillPolicy.single_run(), key
     for key in ("statements_csv", "entities_ftm_json", "statistics", "index", "graph"):
-        policy = graph.get(dg.AssetKey(key)).freshness_policy
-        assert policy is not None, key
-        assert policy.fail_window.to_timedelta().total_seconds() == 26 * 3600  # type: ignore[attr-defined]
+        # freshness is the per-dataset `fresh` check, not a per-asset time window that
+        # a quiet lake (no materialization for a day, every dataset fresh) would fail
+        assert graph.get(dg.AssetKey(key)).freshness_policy is None, key
     # maintenance is downstream of the tables it changes, and not automated
     assert {p.to_user_string() for p in graph.get(dg.AssetKey("optimize")).parent_keys} == {
         "statements",

@@ -22,7 +22,6 @@ from pydantic import Field
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.defs.batch import SINGLE_RUN, Report, for_each_dataset, materializations
-from lakehouse_assets.defs.freshness import POLICY as FRESHNESS
 from lakehouse_assets.defs.metadata import (
     export_metadata,
     flush_counts,
@@ -151,7 +150,6 @@ EXPORT_KINDS = {
             group_name=GROUP,
             kinds={"csv", "spark"},
             automation_condition=AUTOMATION,
-            freshness_policy=FRESHNESS,
             description="`exports/statements.csv`: live statements in followthemoney's "
             "statement CSV format, sorted by entity.",
         ),
@@ -161,7 +159,6 @@ EXPORT_KINDS = {
             group_name=GROUP,
             kinds={"json", "spark"},
             automation_condition=AUTOMATION,
-            freshness_policy=FRESHNESS,
             description="`entities.ftm.json`: one aggregated FtM entity per line.",
         ),
         dg.AssetSpec(
@@ -170,7 +167,6 @@ EXPORT_KINDS = {
             group_name=GROUP,
             kinds={"json", "spark"},
             automation_condition=AUTOMATION,
-            freshness_policy=FRESHNESS,
             description="`exports/statistics.json`: ftmq `DatasetStats` of the live entities.",
         ),
     ],
@@ -224,7 +220,6 @@ def exports(
     group_name=GROUP,
     kinds={"json"},
     automation_condition=AUTOMATION,
-    freshness_policy=FRESHNESS,
     backfill_policy=SINGLE_RUN,
     description="`index.json`: dataset metadata, statistics and links to the exports "
     "Each change publishes a version: a manifest under `versions/` linked to its "
@@ -253,7 +248,6 @@ def _index(ds: Dataset) -> Report:
     group_name=GROUP,
     kinds={"delta"},
     automation_condition=AUTOMATION,
-    freshness_policy=FRESHNESS,
     backfill_policy=SINGLE_RUN,
     description="Graph index (`graph/by_source`, `graph/by_target`, partitioned by "
     "property, bloom filters on the lookup column): entity-typed statements as edges, "
@@ -301,7 +295,6 @@ def _graph(ds: Dataset) -> Report:
     group_name=GROUP,
     kinds={"neo4j"},
     automation_condition=AUTOMATION,
-    freshness_policy=FRESHNESS,
     backfill_policy=SINGLE_RUN,
     description="`exports/graph.cypher` (batched UNWIND, a uniqueness constraint first), "
     "`exports/graph.graphml` and the Neo4j bulk-import CSVs under `exports/neo4j/`: "

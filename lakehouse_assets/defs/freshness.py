@@ -1,13 +1,12 @@
-"""Freshness, twice: Dagster's per asset, the specification's per dataset.
+"""Freshness per dataset: the specification's rule as a partitioned asset check.
 
-- ``POLICY`` (``dg.FreshnessPolicy.time_window``) on the exports, the index and
-  the graph index: the UI marks an asset failing when it was not materialized
-  for ``LAKEHOUSE_FRESHNESS_HOURS`` (26 h). Dagster judges this per asset,
-  not per dataset: any dataset's materialization counts. The daily refresh
-  materializes only the datasets it finds stale, so on a lake where nothing
-  changed for that long the policy fails although every dataset is fresh by
-  the rule below (which is the one to read).
-- ``exports_fresh``: an asset check **per partition** (dataset) that applies the
+No ``dg.FreshnessPolicy``: Dagster's time-window policy judges an asset by
+its last materialization of any partition, and the daily refresh
+materializes only the datasets it finds stale, so on a lake where nothing
+changed for a day the policy would mark every export failing although every
+dataset is fresh. The check below says what is true per dataset.
+
+- ``fresh``: an asset check **per partition** (dataset) that applies the
   specification's rule (:mod:`lakehouse_assets.freshness`: the export's tag
   is newer than its dependencies' and the journal is empty). It runs after
   each materialization, and the ``freshness_checks`` sensor re-judges every
@@ -29,7 +28,6 @@ number of them, one run per tick whatever the number of datasets.
 import hashlib
 import json
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import dagster as dg
@@ -72,16 +70,6 @@ KINDS = {
     "graph": GRAPH,
     "graph_cypher": GRAPH_CYPHER,
 }
-
-
-def policy(settings: Settings | None = None) -> dg.FreshnessPolicy:
-    hours = (settings or Settings()).freshness_hours
-    return dg.FreshnessPolicy.time_window(
-        fail_window=timedelta(hours=hours), warn_window=timedelta(hours=hours * 0.75)
-    )
-
-
-POLICY = policy()
 
 
 def evaluation(ds: Dataset, key: str, state: Freshness | None) -> dg.AssetCheckEvaluation:
