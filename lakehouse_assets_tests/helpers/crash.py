@@ -17,9 +17,11 @@ lake = Lakehouse(sys.argv[1], journal_url=sys.argv[2])
 ds = lake.dataset(sys.argv[3])
 op = sys.argv[4]
 if op == "flush":
-    ds.flush(batch_rows=20)
+    ds.flush(batch_rows=int(sys.argv[5]))
 elif op == "export":
     ds.export(["statements", "entities", "statistics", "index"], force=True)
+elif op == "export_incremental":  # incremental where the export state and change feed allow
+    ds.export(["statements", "entities", "statistics", "index"])
 elif op == "compact":
     ds.compact()
 else:
@@ -37,8 +39,11 @@ CRASH_POINTS = {
 child_env = lakehouse_env
 
 
-def crash(ds: Dataset, op: str, point: str, hit: int = 1) -> bool:
-    """Run ``op`` in a child that SIGKILLs itself at ``point``; True if it died there."""
+def crash(ds: Dataset, op: str, point: str, hit: int = 1, batch_rows: int = 20) -> bool:
+    """Run ``op`` in a child that SIGKILLs itself at the ``hit``-th time it reaches
+    ``point``; True if it died there. ``op`` is one of :data:`CRASH_POINTS` or
+    ``export_incremental`` (an export that is not forced); a flush's batches hold
+    about ``batch_rows`` journal rows (whole buckets)."""
     lake = ds.lake
     proc = subprocess.run(
         [
@@ -49,6 +54,7 @@ def crash(ds: Dataset, op: str, point: str, hit: int = 1) -> bool:
             lake.settings.resolved_journal_url(),
             ds.name,
             op,
+            str(batch_rows),
         ],
         env=child_env(lake, LAKEHOUSE_CRASH_AT=f"{point}:{hit}"),
         capture_output=True,
