@@ -26,6 +26,8 @@ import shutil
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +148,17 @@ class IncrementalMachine(RuleBasedStateMachine):
         where it can be); with ``check`` or after a kill, a forced full pass of
         the same snapshot must write the same bytes (and leaves its own state:
         without it the next export chains on this one's)."""
+        with self.noted():
+            self.step(changes, flush, maintenance, check, data)
+
+    def step(
+        self,
+        changes: list[tuple[str, dict[str, Any], str]],
+        flush: str | None,
+        maintenance: str | None,
+        check: bool,
+        data: st.DataObject,
+    ) -> None:
         for op, entity, origin in changes:
             self.apply(op, entity, origin)
         if self.kills < KILLS_PER_RUN:
@@ -154,7 +167,8 @@ class IncrementalMachine(RuleBasedStateMachine):
                 self.kill(*kill[0], hit=kill[1], batch_rows=BATCH_ROWS[flush or "one batch"])
         if flush is not None:
             flushed = self.ds.flush(batch_rows=BATCH_ROWS[flush])
-            self.calls[f"flush in {'several batches' if flushed.batches > 1 else 'one'}"] += 1
+            batches = "several batches" if flushed.batches > 1 else "one or none"
+            self.calls[f"flush in {batches}"] += 1
         if maintenance == "compact":
             self.ds.compact()
         elif maintenance == "optimize":
@@ -199,10 +213,22 @@ class IncrementalMachine(RuleBasedStateMachine):
             assert made[path] == rebuilt, f"{path} differs from the full rebuild"
         self.calls["compared"] += 1
 
+    @contextmanager
+    def noted(self) -> Iterator[None]:
+        """A failure is counted and printed when it happens: a long thorough run's
+        log shows it before Hypothesis has shrunk it."""
+        try:
+            yield
+        except Exception as exc:
+            self.calls["failed"] += 1
+            print(f"IncrementalMachine failed: {exc!r}"[:3000], file=sys.stderr)
+            raise
+
     def teardown(self) -> None:
         if hasattr(self, "ds"):
             try:
-                self.export(check=True)  # every run ends compared, whatever it drew
+                with self.noted():
+                    self.export(check=True)  # every run ends compared, whatever it drew
             finally:
                 shutil.rmtree(self.tmp, ignore_errors=True)
                 self.calls["runs"] += 1
