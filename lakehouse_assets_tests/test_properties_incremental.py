@@ -78,7 +78,7 @@ KILLS_PER_RUN = examples(1, 3)
 def more(entity: dict[str, Any], value: str) -> dict[str, Any]:
     """The entity written again with one more value."""
     props = {k: list(v) for k, v in entity["properties"].items()}
-    props.setdefault("notes", []).append(value)
+    props.setdefault("description", []).append(value)  # Thing and Interval have it
     return {**entity, "properties": props}
 
 
