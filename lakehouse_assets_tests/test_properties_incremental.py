@@ -125,7 +125,8 @@ class IncrementalMachine(RuleBasedStateMachine):
             for each in POOL:
                 self.ds.add_entity(more(each, "the whole pool"), origin=origin)
                 self.model.write(more(each, "the whole pool"), origin)
-        self.touched |= {str(e["id"]) for e in POOL} if op.endswith("pool again") else {entity_id}
+            self.touched |= {str(each["id"]) for each in POOL}
+        self.touched.add(entity_id)
         self.calls[op] += 1
 
     @rule(
