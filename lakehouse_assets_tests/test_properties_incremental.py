@@ -249,6 +249,9 @@ def test_incremental_exports_equal_the_full_rebuild(spark: Any) -> None:
     # the property is about incremental exports: some of them were
     assert calls["export_incremental"] > 0, calls
     # and about kills between the steps: some processes died at a fault point (the
-    # few examples of make test may draw none)
+    # few examples of make test may draw none, nor the cases below)
     if PROFILE == "thorough":
         assert any(k.startswith("killed at ") for k in calls), calls
+        # statements across buckets: flushes batch by batch, point reads over a span
+        assert calls["flush in several batches"] > 0, calls
+        assert calls[f"incremental export over more than {POINT_BUCKETS} buckets"] > 0, calls
