@@ -16,20 +16,12 @@ optimize, vacuum, exports and crashes must not change what readers see.
 
 from __future__ import annotations
 
-import io
 import json
-import subprocess
-import sys
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
-from followthemoney import model as ftm
-from followthemoney.statement import Statement
-from followthemoney.statement.entity import StatementEntity
-from followthemoney.statement.serialize import read_csv_statements
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -44,11 +36,12 @@ from hypothesis.stateful import (
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults
 from lakehouse_assets.lake import Dataset, Lakehouse
-from lakehouse_assets.query import SORT, ftm_dataset
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.tables.schemas import STATEMENTS_SCHEMA
 from lakehouse_assets.tables.snapshot import Snapshot, read_files
-from lakehouse_assets_tests.conftest import examples, lakehouse_env, make_bucket, sample_entities
+from lakehouse_assets_tests.conftest import examples, make_bucket, sample_entities
+from lakehouse_assets_tests.helpers.crash import CRASH_POINTS, crash, rerun
+from lakehouse_assets_tests.helpers.model import Model, normal, seen_in_exports
 
 BASE = sample_entities()[:8]
 #: The entity pool: sample entities and variants of some (other property values).
@@ -61,62 +54,6 @@ POOL: list[dict[str, Any]] = [
 ]
 ORIGINS = ("crawl", "enrich")
 TENANTS = ("lakehouse", "aleph")
-DROP = ("first_seen", "last_seen", "last_change")
-
-
-# --- the model ------------------------------------------------------------------------
-
-
-class Model:
-    """What was acknowledged: live statements by (origin, statement id)."""
-
-    def __init__(self, dataset: str) -> None:
-        self.dataset = dataset
-        self.live: dict[tuple[str, str], Statement] = {}
-
-    def write(self, entity: dict[str, Any], origin: str) -> None:
-        proxy = ftm.get_proxy(entity, cleaned=False)
-        for stmt in Statement.from_entity(proxy, self.dataset, origin=origin):
-            assert stmt.id is not None
-            self.live[(origin, stmt.id)] = stmt
-
-    def delete_entity(self, entity_id: str) -> None:
-        for key in [k for k, s in self.live.items() if s.canonical_id == entity_id]:
-            del self.live[key]
-
-    def delete_statement(self, key: tuple[str, str]) -> None:
-        self.live.pop(key, None)
-
-    def entities(self) -> dict[str, dict[str, Any]]:
-        by_entity: dict[str, list[Statement]] = defaultdict(list)
-        for stmt in sorted(self.live.values(), key=sort_key):
-            by_entity[stmt.canonical_id].append(stmt)
-        meta = ftm_dataset(self.dataset)
-        return {
-            k: normal(StatementEntity.from_statements(meta, v).to_dict())
-            for k, v in by_entity.items()
-        }
-
-    def csv_rows(self) -> set[tuple[str | None, ...]]:
-        """statements.csv: each statement id once (the first origin in sort order)."""
-        first: dict[str, Statement] = {}
-        for stmt in sorted(self.live.values(), key=sort_key):
-            assert stmt.id is not None
-            first.setdefault(stmt.id, stmt)
-        return {(s.id, s.canonical_id, s.prop, s.value, s.origin) for s in first.values()}
-
-
-def sort_key(stmt: Statement) -> tuple[str, ...]:
-    return tuple(str(getattr(stmt, k) or "") for k in SORT)
-
-
-def normal(entity: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in entity.items() if k not in DROP}
-    for key in ("referents", "datasets", "origin"):
-        if key in out:
-            out[key] = sorted(out[key])
-    out["properties"] = {k: sorted(v) for k, v in out["properties"].items()}
-    return out
 
 
 # --- what readers see -------------------------------------------------------------------
@@ -124,20 +61,6 @@ def normal(entity: dict[str, Any]) -> dict[str, Any]:
 
 def seen_by_query(ds: Dataset) -> dict[str, dict[str, Any]]:
     return {e.id: normal(e.to_dict()) for e in ds.query()}  # flushes first
-
-
-def seen_in_exports(ds: Dataset) -> tuple[dict[str, dict[str, Any]], set[tuple[str | None, ...]]]:
-    raw = ds.store.read_bytes(cv.dataset_path(ds.name, cv.ENTITIES_JSON))
-    entities = {}
-    for line in raw.splitlines():
-        data = orjson.loads(line)
-        entities[data["id"]] = normal(data)
-    csv_data = ds.store.read_bytes(cv.dataset_path(ds.name, cv.STATEMENTS_CSV))
-    rows = {
-        (s.id, s.canonical_id, s.prop, s.value, s.origin)
-        for s in read_csv_statements(io.BytesIO(csv_data))
-    }
-    return entities, rows
 
 
 def table_keys(ds: Dataset) -> list[tuple[str, str]]:
@@ -162,69 +85,6 @@ def assert_matches(ds: Dataset, model: Model, *, exports: bool = False) -> None:
         entities, rows = seen_in_exports(ds)
         assert entities == expected
         assert rows == model.csv_rows()
-
-
-# --- crashes in a child process --------------------------------------------------------------
-
-CHILD = """
-import sys
-from lakehouse_assets.lake import Lakehouse
-lake = Lakehouse(sys.argv[1], journal_url=sys.argv[2])
-ds = lake.dataset(sys.argv[3])
-op = sys.argv[4]
-if op == "flush":
-    ds.flush(batch_rows=20)
-elif op == "export":
-    ds.export(["statements", "entities", "statistics", "index"], force=True)
-elif op == "compact":
-    ds.compact()
-else:
-    ds.optimize(vacuum=True, retention_hours=0)
-"""
-
-CRASH_POINTS = {
-    "flush": faults.FLUSH_POINTS,
-    "export": faults.EXPORT_POINTS,
-    "compact": faults.COMPACT_POINTS,
-    "optimize": faults.OPTIMIZE_POINTS,
-}
-
-
-child_env = lakehouse_env
-
-
-def crash(ds: Dataset, op: str, point: str, hit: int = 1) -> bool:
-    """Run ``op`` in a child that SIGKILLs itself at ``point``; True if it died there."""
-    lake = ds.lake
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            CHILD,
-            lake.store.uri,
-            lake.settings.resolved_journal_url(),
-            ds.name,
-            op,
-        ],
-        env=child_env(lake, LAKEHOUSE_CRASH_AT=f"{point}:{hit}"),
-        capture_output=True,
-        timeout=600,
-    )
-    if proc.returncode == 0:
-        return False  # the point was not reached (nothing to do there)
-    assert proc.returncode == -9, proc.stderr.decode()[-3000:]
-    return True
-
-
-def rerun(ds: Dataset, op: str) -> None:
-    if op == "flush":
-        ds.flush(batch_rows=20)
-    elif op == "export":
-        ds.export(["statements", "entities", "statistics", "index"], force=True)
-    elif op == "compact":
-        ds.compact()
-    else:
-        ds.optimize(vacuum=True, retention_hours=0)
 
 
 # --- the state machine ----------------------------------------------------------------------
