@@ -191,6 +191,7 @@ def test_executors_lost_again_and_again_is_one_line(
         local_lake,
         LAKEHOUSE_SPARK_EXECUTOR_PYTHON=str(killer),
         LAKEHOUSE_SPARK_CONFIG=json.dumps(conf),
+        LAKEHOUSE_FLUSH_DRIVER_ROWS="0",  # the tasks read the journal: Python on executors
     )
     done = _cli(*cli_args(ds), "flush", env=env)
     assert done.returncode == 1, done.stderr[-3000:]
@@ -284,6 +285,7 @@ def test_an_executor_killed_mid_flush_and_mid_export_loses_nothing(
     once, the export equals the one of an undisturbed run, no staging is left."""
     app = spark.sparkContext.applicationId
     tracker = spark.sparkContext.statusTracker()
+    local_lake.settings.flush_driver_rows = 0  # the executors read the journal too
     ds = local_lake.create_dataset("executor_loss")
     written = ds.write_entities(io.BytesIO(_people(20_000)), origin="bulk").count
     killed: list[int] = []
@@ -506,7 +508,10 @@ def _refresh_on_a_connect_server(
         url = connect.client_url(server, port)
         ds = local_lake.create_dataset("over_connect")
         written = sum(ds.add_entity(e, origin="import") for e in sample_entities())
-        done = _cli(*cli_args(ds), "make", env=_child_env(local_lake, LAKEHOUSE_SPARK_REMOTE=url))
+        # the tasks read the journal (the data source planned on the server, run
+        # by executors), not the driver as it would read a batch this small
+        env = _child_env(local_lake, LAKEHOUSE_SPARK_REMOTE=url, LAKEHOUSE_FLUSH_DRIVER_ROWS="0")
+        done = _cli(*cli_args(ds), "make", env=env)
         assert done.returncode == 0, done.stderr
         assert ds.journal.count(ds.name) == 0 and len(table_rows(ds)) == written
         exported = _export_bytes(ds)
