@@ -143,7 +143,8 @@ def test_a_dependency_missing_on_the_executors_is_one_line(
 ) -> None:
     """Executors whose Python lacks a dependency: the command fails with one line
     naming the module and what to install where, not Spark's tracebacks. (The
-    flush's journal readers are Python tasks: the journal is PostgreSQL.)"""
+    flush's journal readers are Python tasks: the journal is PostgreSQL, and the
+    batch is read by tasks whatever its size.)"""
     base = getattr(sys, "_base_executable", sys.executable)
     empty = tmp_path / "empty-python"
     subprocess.run([base, "-m", "venv", "--without-pip", str(empty)], check=True)
@@ -151,7 +152,11 @@ def test_a_dependency_missing_on_the_executors_is_one_line(
     assert lake.settings.resolved_journal_url().startswith("postgresql")
     ds = lake.create_dataset("missing")
     written = sum(ds.add_entity(e, origin="import") for e in sample_entities()[:5])
-    env = lakehouse_env(lake, LAKEHOUSE_SPARK_EXECUTOR_PYTHON=str(empty / "bin" / "python"))
+    env = lakehouse_env(
+        lake,
+        LAKEHOUSE_SPARK_EXECUTOR_PYTHON=str(empty / "bin" / "python"),
+        LAKEHOUSE_FLUSH_DRIVER_ROWS="0",  # the tasks read even a batch this small
+    )
     done = _cli(*cli_args(ds), "flush", env=env)
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
