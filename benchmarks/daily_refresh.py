@@ -134,7 +134,6 @@ def measure(lake: Lakehouse, count: int) -> list[tuple[str, float | None, str]]:
             ds.add_entity(entity)
     rows.append(("datasets created, 3 entities each in the journal", _since(clock), ""))
     job = defs.resolve_job_def("refresh_dataset")
-    schedule = defs.resolve_schedule_def("daily_refresh")
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(DATASETS, names)
         clock = time.perf_counter()
@@ -149,17 +148,7 @@ def measure(lake: Lakehouse, count: int) -> list[tuple[str, float | None, str]]:
         now = datetime.now(UTC)
 
         def tick_and_runs(label: str, when: datetime) -> None:
-            with dg.build_schedule_context(
-                instance=instance,
-                scheduled_execution_time=when,
-                repository_def=defs.get_repository_def(),
-                resources=resources(lake),
-            ) as ctx:
-                clock = time.perf_counter()
-                data = schedule.evaluate_tick(ctx)
-                took = _since(clock)
-            requests = list(data.run_requests or [])
-            why = f" ({data.skip_message})" if data.skip_message else ""
+            took, requests, why = _tick(instance, lake, when)
             rows.append((f"{label}: schedule tick", took, _asked(requests, names) + why))
             if not requests:
                 return
@@ -199,14 +188,12 @@ def ticks_only(lake: Lakehouse, count: int) -> list[tuple[str, float | None, str
     :func:`benchmarks.sensors.fill` writes them) but never flushed: every one is
     stale, so a tick that judges them asks for runs (not executed here)."""
     from benchmarks.sensors import fill
-    from lakehouse_assets.definitions import defs
 
     clock = time.perf_counter()
     names = fill(lake, count)
     rows: list[tuple[str, float | None, str]] = [
         ("datasets written (a journal tag each, never flushed)", _since(clock), "")
     ]
-    schedule = defs.resolve_schedule_def("daily_refresh")
     now = datetime.now(UTC)
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(DATASETS, names)
@@ -214,19 +201,30 @@ def ticks_only(lake: Lakehouse, count: int) -> list[tuple[str, float | None, str
             ("every marker moved in the last two days: schedule tick", now),
             ("no marker moved since: schedule tick, three days later", now + timedelta(days=3)),
         ):
-            with dg.build_schedule_context(
-                instance=instance,
-                scheduled_execution_time=when,
-                repository_def=defs.get_repository_def(),
-                resources=resources(lake),
-            ) as ctx:
-                clock = time.perf_counter()
-                data = schedule.evaluate_tick(ctx)
-                took = _since(clock)
-            requests = list(data.run_requests or [])
-            why = f" ({data.skip_message})" if data.skip_message else ""
+            took, requests, why = _tick(instance, lake, when)
             rows.append((label, took, _asked(requests, names) + why))
     return rows
+
+
+def _tick(
+    instance: dg.DagsterInstance, lake: Lakehouse, when: datetime
+) -> tuple[float, list[dg.RunRequest], str]:
+    """One tick of ``daily_refresh`` at ``when``: its seconds, the runs it asks
+    for, and its skip message (if any)."""
+    from lakehouse_assets.definitions import defs
+
+    schedule = defs.resolve_schedule_def("daily_refresh")
+    with dg.build_schedule_context(
+        instance=instance,
+        scheduled_execution_time=when,
+        repository_def=defs.get_repository_def(),
+        resources=resources(lake),
+    ) as ctx:
+        clock = time.perf_counter()
+        data = schedule.evaluate_tick(ctx)
+        took = _since(clock)
+    why = f" ({data.skip_message})" if data.skip_message else ""
+    return took, list(data.run_requests or []), why
 
 
 def _asked(requests: list[dg.RunRequest], names: list[str]) -> str:
