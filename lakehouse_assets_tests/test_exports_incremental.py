@@ -10,8 +10,6 @@ points, then a rerun, gives the same bytes.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,8 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.tables.feed import changes_between
-from lakehouse_assets_tests.conftest import lakehouse_env, make_bucket, sample_entities
+from lakehouse_assets_tests.conftest import make_bucket, sample_entities
+from lakehouse_assets_tests.helpers.crash import crash
 
 THREE = ["statements", "entities", "statistics"]
 FILES = (cv.STATEMENTS_CSV, cv.ENTITIES_JSON, cv.STATISTICS_JSON)
@@ -128,37 +127,6 @@ def test_a_state_that_does_not_match_the_files_takes_the_full_path(spark: Any, d
     assert exported(ds) == rebuilt(ds)
 
 
-CHILD = """
-import sys
-from lakehouse_assets.lake import Lakehouse
-lake = Lakehouse(sys.argv[1], journal_url=sys.argv[2])
-ds = lake.dataset(sys.argv[3])
-if sys.argv[4] == "flush":
-    ds.flush()
-else:
-    ds.export(["statements", "entities", "statistics"])
-"""
-
-
-def crash_at(ds: Dataset, op: str, point: str) -> None:
-    lake = ds.lake
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            CHILD,
-            lake.store.uri,
-            lake.settings.resolved_journal_url(),
-            ds.name,
-            op,
-        ],
-        env=lakehouse_env(lake, LAKEHOUSE_CRASH_AT=point),
-        capture_output=True,
-        timeout=600,
-    )
-    assert proc.returncode == -9, proc.stderr.decode()[-3000:]
-
-
 @pytest.mark.parametrize("point", ["export.after_splice", "export.before_state"])
 def test_a_crash_in_the_incremental_pass_then_a_rerun_gives_the_same_bytes(
     spark: Any, ds: Dataset, point: str
@@ -166,7 +134,7 @@ def test_a_crash_in_the_incremental_pass_then_a_rerun_gives_the_same_bytes(
     ds.add_entity(entity("p-aa", "Anna First"), origin="crawl")
     ds.delete_entity(str(sample_entities()[0]["id"]))
     ds.flush()
-    crash_at(ds, "export", point)
+    assert crash(ds, "export_incremental", point)  # killed in the incremental pass
     result = ds.export(THREE)
     assert result.mode in ("incremental", "full")
     after = exported(ds)
@@ -175,7 +143,7 @@ def test_a_crash_in_the_incremental_pass_then_a_rerun_gives_the_same_bytes(
 
 def test_a_crash_between_the_translog_and_the_feed_is_a_gap(spark: Any, ds: Dataset) -> None:
     ds.add_entity(entity("p-aa", "Anna First"), origin="crawl")
-    crash_at(ds, "flush", "flush.before_changes_commit")
+    assert crash(ds, "flush", "flush.before_changes_commit")
     ds.flush()  # the rerun: its own translog version is in the feed, the dead one's not
     result = ds.export(THREE)
     assert result.mode == "full" and "not in the change feed" in str(result.reason)
