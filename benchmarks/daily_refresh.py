@@ -41,7 +41,7 @@ import dagster as dg
 from lakehouse_assets import Lakehouse
 from lakehouse_assets.defs.maintenance import RANGE_END, RANGE_START
 from lakehouse_assets.defs.partitions import DATASETS
-from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
+from lakehouse_assets.defs.resources import SparkResource
 
 #: How many datasets the "after writes" tick finds written to.
 CHANGED = 10
@@ -104,22 +104,9 @@ def lake_of(work: Path, s3: bool) -> Iterator[Lakehouse]:
 
 
 def resources(lake: Lakehouse) -> dict[str, Any]:
-    s = lake.settings
-    lakehouse = LakehouseResource(lake_uri=lake.store.uri, journal_url=s.resolved_journal_url())
-    if lake.store.uri.startswith("s3://"):
-        from dagster_aws.s3 import S3Resource
+    from benchmarks.sensors import lakehouse_resource
 
-        lakehouse = LakehouseResource(
-            lake_uri=lake.store.uri,
-            journal_url=s.resolved_journal_url(),
-            s3=S3Resource(
-                endpoint_url=s.s3_endpoint_url,
-                aws_access_key_id=s.s3_access_key_id,
-                aws_secret_access_key=s.s3_secret_access_key,
-                region_name=s.s3_region,
-            ),
-        )
-    return {"lakehouse": lakehouse, "spark": SparkResource()}
+    return {"lakehouse": lakehouse_resource(lake), "spark": SparkResource()}
 
 
 def measure(lake: Lakehouse, count: int) -> list[tuple[str, float | None, str]]:

@@ -192,10 +192,12 @@ def _source(lake: Lakehouse, text: str) -> Path:
     return path
 
 
-def ticks(lake: Lakehouse, names: list[str], quiet_ticks: int) -> Iterator[tuple[str, ...]]:
-    """(sensor, first, quiet, changed) tick times, each sensor on the same lake."""
+def lakehouse_resource(lake: Lakehouse) -> LakehouseResource:
+    """The Dagster ``lakehouse`` resource of this lake (with its S3 server, if on S3)."""
     s = lake.settings
-    resource = LakehouseResource(
+    if not lake.store.uri.startswith("s3://"):
+        return LakehouseResource(lake_uri=lake.store.uri, journal_url=s.resolved_journal_url())
+    return LakehouseResource(
         lake_uri=lake.store.uri,
         journal_url=s.resolved_journal_url(),
         s3=S3Resource(
@@ -205,6 +207,11 @@ def ticks(lake: Lakehouse, names: list[str], quiet_ticks: int) -> Iterator[tuple
             region_name=s.s3_region,
         ),
     )
+
+
+def ticks(lake: Lakehouse, names: list[str], quiet_ticks: int) -> Iterator[tuple[str, ...]]:
+    """(sensor, first, quiet, changed) tick times, each sensor on the same lake."""
+    resource = lakehouse_resource(lake)
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(DATASETS, names)
         cursors: dict[str, str | None] = {}
