@@ -449,11 +449,11 @@ def test_a_small_flush_touches_only_what_holds_its_statements(
     statements only add files (no translog file is rewritten); an entity written
     again rewrites only the translog file that holds its statements; the newness
     check reads the row groups that can hold the batch's entities, not the table."""
-    from lakehouse_assets.tables import spark_io
+    from lakehouse_assets.tables import parquet_files
 
     # small row groups, so that a test-sized table has many (the files' layout is
     # the real one: sorted by bucket, then entity / statement id)
-    monkeypatch.setattr(spark_io, "ROW_GROUP_ROWS", 8)
+    monkeypatch.setattr(parquet_files, "ROW_GROUP_ROWS", 8)
     ds = local_lake.create_dataset("proportional")
 
     def person(i: int, *names: str) -> dict[str, Any]:

@@ -56,13 +56,13 @@ def point_lookup(
     the interactive reads' path to a few rows among millions.
 
     The files are sorted by their lookup keys in small row groups
-    (:data:`tables.spark_io.ROW_GROUP_ROWS`), so the row groups' min/max, from
+    (:data:`tables.parquet_files.ROW_GROUP_ROWS`), so the row groups' min/max, from
     footers cached per file (:class:`RowGroupIndex`; data files never change),
     name the one or two that can hold a value: those are read with pyarrow and
     filtered, about a millisecond, local or S3. Where min/max leaves many row
     groups (a statement id in the entity-sorted statements table), DuckDB reads
     the files on a local lake: it also skips row groups by the Parquet bloom
-    filters the writers put on the id columns (:data:`tables.spark_io.BLOOM_COLUMNS`).
+    filters the writers put on the id columns (:data:`tables.parquet_files.BLOOM_COLUMNS`).
     pyarrow's filtered scan does it on S3 (DuckDB would need its httpfs extension,
     which is downloaded at run time). Columns a file lacks (written before they
     existed) read as NULL either way, unless the caller says every file has the

@@ -4,7 +4,7 @@ A flush must know which of its statements the main table already has (the
 newness check) and which translog files hold a row of one of them (the files
 its translog update rewrites). Both tables' files are sorted by ``bucket``
 then a key (the statements table by ``canonical_id``, the translog by
-``origin``, ``id``) in small row groups (:data:`.spark_io.ROW_GROUP_ROWS`),
+``origin``, ``id``) in small row groups (:data:`.parquet_files.ROW_GROUP_ROWS`),
 so a row group's min/max of ``bucket`` and of its key column, from the
 footers (cached per file, :class:`.snapshot.RowGroupIndex`), say whether it
 can hold one of the batch's keys: a small batch reads a row group or two per

@@ -31,7 +31,6 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -42,7 +41,9 @@ import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from lakehouse_assets.tables import parquet_files
 from lakehouse_assets.tables.delta import file_stats, unique_file_name
+from lakehouse_assets.tables.parquet_files import TableFileWriter
 from lakehouse_assets.tables.schemas import (
     STATEMENT_FIELDS,
     STATEMENTS_PARTITION,
@@ -59,19 +60,6 @@ if TYPE_CHECKING:
 
     from lakehouse_assets.context import DatasetContext
     from lakehouse_assets.tables.snapshot import DatasetSnapshot
-
-#: Row groups of at most this many rows keep point reads (get entity) cheap: the
-#: files are sorted by their lookup keys, so min/max names the one or two row
-#: groups that can hold an entity, and reading one costs about its size. At 1M
-#: statements, reading an 8k-row group took 2.1 ms, a 2k-row one 0.6 ms; a full
-#: scan got 6% slower (1k rows: 55% slower), the files 5% larger.
-ROW_GROUP_ROWS = 2048
-#: Spark's writer also closes a row group at this many bytes (wide rows).
-ROW_GROUP_BYTES = 2 * 1024 * 1024
-#: Columns that point reads look up: Parquet bloom filters let a reader skip
-#: row groups whose min/max range contains the value but whose rows do not.
-BLOOM_COLUMNS = ("canonical_id", "id")
-BLOOM_FPP = 0.01
 
 SOURCE_NAME = "lakehouse_snapshot"
 
@@ -201,14 +189,6 @@ def read_snapshot(
     return reader.load()
 
 
-@dataclass
-class _PartWriter:
-    rel: str
-    sink: Any
-    writer: pq.ParquetWriter
-    collector: list[pq.FileMetaData]
-
-
 def stage_table(
     table: pa.Table, staging_uri: str, storage_options: Mapping[str, str], prefix: str
 ) -> DataFile:
@@ -336,14 +316,18 @@ def _write_native(
     stage = Path(staging_uri.removeprefix("file://")) / f"write-{uuid.uuid4().hex}"
     columns = [F.col(f.name).cast(_spark_type(f.type)).alias(f.name) for f in schema]
     writer = df.select(*columns).write.mode("error").option("compression", "zstd")
-    writer = writer.option("parquet.block.size", str(ROW_GROUP_BYTES))
-    writer = writer.option("parquet.block.row.count.limit", str(ROW_GROUP_ROWS))
-    for column in BLOOM_COLUMNS:
+    # the layout of :mod:`.parquet_files` (read at call time: tests make row groups small)
+    rows = parquet_files.ROW_GROUP_ROWS
+    writer = writer.option("parquet.block.size", str(parquet_files.ROW_GROUP_BYTES))
+    writer = writer.option("parquet.block.row.count.limit", str(rows))
+    for column in parquet_files.BLOOM_COLUMNS:
         if column in schema.names and column != partition:
             writer = writer.option(f"parquet.bloom.filter.enabled#{column}", "true")
-            ndv = str(ROW_GROUP_ROWS)  # a filter per row group, sized for its rows
+            ndv = str(rows)  # a filter per row group, sized for its rows
             writer = writer.option(f"parquet.bloom.filter.expected.ndv#{column}", ndv)
-            writer = writer.option(f"parquet.bloom.filter.fpp#{column}", str(BLOOM_FPP))
+            writer = writer.option(
+                f"parquet.bloom.filter.fpp#{column}", str(parquet_files.BLOOM_FPP)
+            )
     if partition is not None:
         writer = writer.partitionBy(partition)
     writer.parquet(str(stage))
@@ -394,64 +378,21 @@ def write_parquet(
     ``df`` should already be ordered as the files should be (each task writes
     its rows in the order it receives them). Nothing is committed here.
     """
-    columns = schema.names
-    stored_schema = pa.schema([schema.field(c) for c in columns if c != partition])
     storage = dict(storage_options)
 
     def write_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        fs, root = arrow_filesystem(table_uri, storage)
-        writers: dict[str | None, _PartWriter] = {}
-
-        def writer_for(value: str | None) -> _PartWriter:
-            if value not in writers:
-                folder = f"{partition}={partition_dir(value or '')}/" if partition else ""
-                rel = f"{folder}{unique_file_name(prefix)}"
-                fs.create_dir(f"{root}/{folder}".rstrip("/"), recursive=True)
-                collector: list[pq.FileMetaData] = []
-                sink = fs.open_output_stream(f"{root}/{rel}")
-                writer = pq.ParquetWriter(
-                    sink,
-                    stored_schema,
-                    compression="zstd",
-                    metadata_collector=collector,
-                    bloom_filter_options={
-                        c: {"ndv": ROW_GROUP_ROWS, "fpp": BLOOM_FPP}
-                        for c in BLOOM_COLUMNS
-                        if c in stored_schema.names
-                    },
-                )
-                writers[value] = _PartWriter(rel, sink, writer, collector)
-            return writers[value]
-
+        writer = TableFileWriter(table_uri, storage, schema, partition=partition, prefix=prefix)
         for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            table = pa.Table.from_batches([batch]).select(columns).cast(schema)
-            if partition is None:
-                groups: list[tuple[str | None, pa.Table]] = [(None, table)]
-            else:
-                values = table.column(partition)
-                groups = [
-                    (v, table.filter(pc.equal(values, v))) for v in pc.unique(values).to_pylist()
-                ]
-            for value, part in groups:
-                writer_for(value).writer.write_table(
-                    part.drop_columns([partition]) if partition else part,
-                    row_group_size=ROW_GROUP_ROWS,
-                )
-        out: dict[str, list[Any]] = {k: [] for k in ("path", "size", "partition", "stats", "rows")}
-        for value, part_writer in writers.items():
-            part_writer.writer.close()
-            size = part_writer.sink.tell()
-            part_writer.sink.close()  # on S3 the object appears now, complete
-            meta = part_writer.collector[0]
-            out["path"].append(part_writer.rel)
-            out["size"].append(size)
-            out["partition"].append(value)
-            out["stats"].append(file_stats(meta))
-            out["rows"].append(meta.num_rows)
+            writer.write(batch)
+        written = writer.close()
         yield pa.RecordBatch.from_pydict(
-            out,
+            {
+                "path": [f.path for f in written],
+                "size": [f.size for f in written],
+                "partition": [f.partition for f in written],
+                "stats": [f.stats for f in written],
+                "rows": [f.rows for f in written],
+            },
             schema=pa.schema(
                 [
                     ("path", pa.string()),
