@@ -17,7 +17,7 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.flush import needs_flush, plan_batches
 from lakehouse_assets.lake import Lakehouse
 from lakehouse_assets.tables.snapshot import Snapshot
-from lakehouse_assets_tests.conftest import run_python, sample_entities
+from lakehouse_assets_tests.conftest import examples, run_python, sample_entities
 from lakehouse_assets_tests.helpers.data import table_rows
 
 if TYPE_CHECKING:
@@ -502,3 +502,112 @@ def test_a_small_flush_touches_only_what_holds_its_statements(
     assert all(r["deleted_at"] is None for r in log)
     entity = ds.get_entity("p3")
     assert entity is not None and "again" in entity.get("name")
+
+
+#: a small pool: writes and deletes of the same entities meet in a few flushes
+_POOL = ("p1", "p2", "p3", "c1")
+_SEEN = ("2024-01-01T00:00:00", "2024-06-01T00:00:00", "2025-01-01T00:00:00")
+_flush_operation = st.one_of(
+    st.tuples(
+        st.just("write"),
+        st.sampled_from(_POOL),
+        st.sampled_from(["a", "b"]),  # origin
+        st.lists(st.sampled_from(["Ann", "Bo", "Cy", "Di"]), min_size=1, max_size=3),
+        st.sampled_from(_SEEN),
+        st.sampled_from(_SEEN),
+    ),
+    st.tuples(st.just("delete"), st.sampled_from(_POOL), st.sampled_from([None, "a"])),
+)
+_lakes = iter(range(10**9))
+
+
+@settings(max_examples=examples(2, 25), deadline=None)
+@given(batches=st.lists(st.lists(_flush_operation, min_size=1, max_size=6), min_size=1, max_size=3))
+def test_the_driver_and_spark_flush_a_batch_alike(
+    spark: SparkSession,
+    lake: Lakehouse,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    batches: list[list[Any]],
+) -> None:
+    """Issue 34: a small batch is flushed by the driver in Arrow (no Spark job,
+    no JVM to start), a larger one by Spark. The same operations flushed both
+    ways give the same statements, the same translog rows (the seen range and
+    tenants; deletes happen at different instants), the same change feed and
+    the same counts: re-writes that widen the seen range, deletes then
+    re-adds, two origins, tombstones of statements never stored."""
+    from lakehouse_assets import flush as flush_module
+    from lakehouse_assets.tables.schemas import CHANGES_SCHEMA
+    from lakehouse_assets.tables.snapshot import read_files
+
+    n = next(_lakes)
+    opened = {}
+    for path in ("driver", "spark"):
+        name = f"{path}-{n}"
+        if lake.store.uri.startswith("s3://"):
+            root: str | Path = f"{lake.store.uri.rsplit('/', 1)[0]}/{name}"
+        else:
+            root = tmp_path / name
+        journal = f"sqlite:///{tmp_path / f'{name}.sqlite'}"
+        opened[path] = Lakehouse(root, settings=lake.settings, journal_url=journal)
+    opened["spark"].settings.flush_driver_rows = 0  # Spark's tasks read the journal
+    assert opened["driver"].settings.flush_driver_rows > 0
+    took: list[bool] = []
+    real = flush_module._flush_batch_on_driver
+
+    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        took.append(real(*args, **kwargs))
+        return took[-1]
+
+    monkeypatch.setattr(flush_module, "_flush_batch_on_driver", recorded)
+
+    def apply(ds, batch) -> Any:  # type: ignore[no-untyped-def]
+        for op in batch:
+            if op[0] == "write":
+                _, eid, origin, names, seen_a, seen_b = op
+                first, last = sorted((seen_a, seen_b))
+                entity = {"id": eid, "schema": "Person", "properties": {"name": names}}
+                ds.add_entity({**entity, "first_seen": first, "last_seen": last}, origin=origin)
+            else:
+                ds.delete_entity(op[1], origin=op[2])
+        return ds.flush()
+
+    def state(ds) -> tuple[Any, ...]:  # type: ignore[no-untyped-def]
+        log = [
+            (
+                r["origin"],
+                r["id"],
+                r["bucket"],
+                r["first_tenant"],
+                r["last_tenant"],
+                "dead" if r["deleted_at"] else (r["first_seen"], r["last_seen"]),
+            )
+            for r in table_rows(ds, "translog")
+        ]
+        changes = ds.changes_table
+        snapshot = Snapshot.load(changes)
+        feed_rows = sorted(
+            tuple(str(r[c]) for c in ("translog_version", "change", "origin", "id", "canonical_id"))
+            for r in read_files(snapshot.files, CHANGES_SCHEMA, changes.storage_options).to_pylist()
+        )
+        return table_rows(ds), log, feed_rows
+
+    parts = ("new", "duplicates", "tombstones", "superseded", "ignored_tombstones")
+    datasets = {path: lake_.create_dataset("same") for path, lake_ in opened.items()}
+    flushed = 0
+    for batch in batches:
+        results = {path: apply(ds, batch) for path, ds in datasets.items()}
+        flushed += results["driver"].journal_rows > 0
+        counts = {
+            path: (
+                tuple(getattr(r, p) for p in parts),
+                r.journal_rows,
+                r.statements_version,
+                r.translog_version,
+            )
+            for path, r in results.items()
+        }
+        assert counts["driver"] == counts["spark"]
+        assert state(datasets["driver"]) == state(datasets["spark"])
+    # every batch of the driver's lake took the driver's path, none of the other's
+    assert took == [True] * flushed

@@ -1,0 +1,63 @@
+"""The translog's merge rule in Arrow, for a flush done by the driver.
+
+A flush updates a statement's translog row by one rule (the Spark form is
+:func:`lakehouse_assets.flush.rewrite_translog`; a test holds the two equal):
+``first_seen`` only moves back, ``last_seen`` only forward, ``deleted_at``
+and the last tenant/write are the last event's, the first tenant/write stay
+those of the row stored first, and ``bucket`` is the update's. Applying the
+same updates twice gives the same rows, which makes a retried flush safe.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
+
+#: the columns that keep the stored row's value (its first write)
+_EARLIEST = ("first_tenant", "first_write")
+#: the columns that take the update's value (the last event)
+_LATEST = ("deleted_at", "last_tenant", "last_write")
+#: the order of a translog file's rows
+SORT_KEYS = [(name, "ascending", "at_start") for name in ("bucket", "origin", "id")]
+
+
+def merge_rows(stored: pa.Table, updates: pa.Table) -> pa.Table:
+    """``stored`` translog rows with ``updates`` (one row per ``origin``/``id``
+    each) applied, sorted as a file's rows are (:data:`SORT_KEYS`)."""
+    names = TRANSLOG_SCHEMA.names
+    stored = stored.select(names).cast(TRANSLOG_SCHEMA)
+    updates = updates.select(names).cast(TRANSLOG_SCHEMA)
+    if updates.num_rows == 0:
+        return _sorted(stored)
+    if stored.num_rows == 0:
+        return _sorted(updates)
+    left = stored.append_column("_stored", pa.repeat(True, stored.num_rows))
+    right = updates.append_column("_update", pa.repeat(True, updates.num_rows))
+    joined = left.join(
+        right,
+        keys=["origin", "id"],
+        join_type="full outer",
+        left_suffix="_t",
+        right_suffix="_s",
+        coalesce_keys=True,
+    )
+    is_stored = pc.fill_null(joined["_stored"], False)
+    is_update = pc.fill_null(joined["_update"], False)
+    columns: dict[str, pa.ChunkedArray] = {
+        "id": joined["id"],
+        "origin": joined["origin"],
+        "bucket": pc.coalesce(joined["bucket_s"], joined["bucket_t"]),
+        "first_seen": pc.min_element_wise(joined["first_seen_t"], joined["first_seen_s"]),
+        "last_seen": pc.max_element_wise(joined["last_seen_t"], joined["last_seen_s"]),
+    }
+    for name in _LATEST:
+        columns[name] = pc.if_else(is_update, joined[f"{name}_s"], joined[f"{name}_t"])
+    for name in _EARLIEST:
+        columns[name] = pc.if_else(is_stored, joined[f"{name}_t"], joined[f"{name}_s"])
+    return _sorted(pa.table({name: columns[name] for name in names}).cast(TRANSLOG_SCHEMA))
+
+
+def _sorted(rows: pa.Table) -> pa.Table:
+    return rows.take(pc.sort_indices(rows, sort_keys=SORT_KEYS))
