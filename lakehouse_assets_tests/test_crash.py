@@ -14,6 +14,7 @@ import pytest
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.faults import FLUSH_POINTS
 from lakehouse_assets.lake import Dataset, Lakehouse
+from lakehouse_assets.settings import Settings
 from lakehouse_assets_tests.conftest import PROFILE, sample_entities
 from lakehouse_assets_tests.helpers.data import table_rows
 
@@ -112,18 +113,38 @@ KILL_POINTS = (
 )
 
 
-@pytest.mark.parametrize("point", KILL_POINTS)
+#: (point, who flushes): a batch this small is flushed by the driver without
+#: Spark; ``spark`` has Spark do it (``flush_driver_rows`` 0), as a larger batch
+#: would be. Both at every point in the thorough profile; in ``make test`` the
+#: driver at the four points above, Spark at two of them.
+KILL_CASES = (
+    [(point, path) for point in KILL_POINTS for path in ("driver", "spark")]
+    if PROFILE == "thorough"
+    else [
+        *((point, "driver") for point in KILL_POINTS),
+        ("flush.after_parquet", "spark"),
+        ("flush.after_translog_commit", "spark"),
+    ]
+)
+
+
+@pytest.mark.parametrize(("point", "path"), KILL_CASES)
 def test_flush_killed_at_each_point_then_rerun(
-    spark: SparkSession, tmp_path: Path, point: str
+    spark: SparkSession, tmp_path: Path, point: str, path: str
 ) -> None:
+    """The control is flushed by the driver: a killed Spark flush and its rerun end
+    with the same tables as well."""
     control = prepare(Lakehouse(tmp_path / "control"))
     control.flush(batch_rows=25)
     expected = state(control)
 
-    lake = Lakehouse(tmp_path / "lake")
+    lake = Lakehouse(
+        tmp_path / "lake", settings=Settings(flush_driver_rows=0) if path == "spark" else None
+    )
     ds = prepare(lake)
     pending = ds.journal.count(ds.name)
-    run_killed(lake, ds.name, point, "flush", "25")
+    env = {"LAKEHOUSE_FLUSH_DRIVER_ROWS": str(lake.settings.flush_driver_rows)}
+    run_killed(lake, ds.name, point, "flush", "25", env=env)
     assert 0 < ds.journal.count(ds.name) <= pending  # the killed batch's rows are still there
     # the lake stays readable after the crash
     assert ds.get_entity(str(sample_entities()[1]["id"])) is not None
@@ -171,7 +192,13 @@ def test_a_killed_flush_leaves_nothing_the_next_one_does_not_remove(tmp_path: Pa
     tmpdir, cache = tmp_path / "tmp", tmp_path / "cache"
     tmpdir.mkdir()
     # in-process Spark in the children: a killed JVM's folders are the point here
-    env = {"TMPDIR": str(tmpdir), "LAKEHOUSE_CACHE_DIR": str(cache), "LAKEHOUSE_SPARK_REMOTE": ""}
+    # (a batch this small is flushed by the driver without Spark: have Spark do it)
+    env = {
+        "TMPDIR": str(tmpdir),
+        "LAKEHOUSE_CACHE_DIR": str(cache),
+        "LAKEHOUSE_SPARK_REMOTE": "",
+        "LAKEHOUSE_FLUSH_DRIVER_ROWS": "0",
+    }
     run_killed(lake, ds.name, "flush.after_parquet", "flush", "25", env=env)
     staged = [p for p in lake.store.list(cv.dataset_path(ds.name, cv.STAGING))]
     assert staged, "the killed flush staged its journal rows in the lake"
