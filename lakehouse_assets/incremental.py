@@ -50,6 +50,7 @@ import pyarrow.parquet as pq
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, progress, staging
+from lakehouse_assets.entity_lines import entity_rows
 from lakehouse_assets.freshness import ENTITIES as ENTITIES_KIND
 from lakehouse_assets.freshness import STATEMENTS as STATEMENTS_KIND
 from lakehouse_assets.freshness import STATISTICS as STATISTICS_KIND
@@ -330,22 +331,39 @@ def _changed_rows(
     ds: DatasetContext, snapshot: DatasetSnapshot, entity_ids: Sequence[str], staging_uri: str
 ) -> pa.Table:
     """Lines and contributions of the changed entities that are still live
-    (:data:`INDEX_SCHEMA` plus ``csv`` and ``json`` text), sorted by canonical id."""
-    from pyspark.sql import functions as F
-
-    from lakehouse_assets.spark.session import get_spark
-    from lakehouse_assets.tables.spark_io import arrow_frame
+    (:data:`INDEX_SCHEMA` plus ``csv`` and ``json`` text), sorted by canonical id:
+    made on the driver for a change of at most ``export_driver_statements`` live
+    statements (:mod:`.entity_lines`), by Spark otherwise."""
 
     if not entity_ids:  # (no ids would make live_statements read every entity)
         return _empty_rows()
     live = live_statements(ds, entity_ids=list(entity_ids), snapshot=snapshot)
     if live.num_rows == 0:
         return _empty_rows()
+    origins = {f.partition_values.get(STATEMENTS_PARTITION) for f in snapshot.statements.files}
+    if live.num_rows <= ds.settings.export_driver_statements:
+        rows = entity_rows(live, origins=len(origins), columns=SPARK_INDEX_COLUMNS)
+    else:
+        rows = _changed_rows_spark(ds, live, len(origins), staging_uri)
+    json_bytes = pc.binary_length(pc.cast(rows.column("json"), pa.binary()))
+    rows = rows.append_column("json_bytes", pc.cast(json_bytes, pa.int64()))
+    return rows.select(ROWS_SCHEMA.names).cast(ROWS_SCHEMA)
+
+
+def _changed_rows_spark(
+    ds: DatasetContext, live: pa.Table, origins: int, staging_uri: str
+) -> pa.Table:
+    """:func:`.entity_lines.entity_rows` by the full pass's Spark SQL, for a change
+    too large for the driver."""
+    from pyspark.sql import functions as F
+
+    from lakehouse_assets.spark.session import get_spark
+    from lakehouse_assets.tables.spark_io import arrow_frame
+
     spark = get_spark(ds.settings)
     options = dict(ds.statements_table.storage_options)
     frame = arrow_frame(spark, live, staging_uri, options).coalesce(1)
-    origins = {f.partition_values.get(STATEMENTS_PARTITION) for f in snapshot.statements.files}
-    ordered = ftm_sql.dedupe(frame, origins=len(origins)).persist()
+    ordered = ftm_sql.dedupe(frame, origins=origins).persist()
     cached: list[DataFrame] = [ordered]
     try:
         # an entity's lines in export order: (prop, value, origin, id) within it
@@ -380,10 +398,7 @@ def _changed_rows(
     rows, csv = rows.sort_by("canonical_id"), csv.sort_by("canonical_id")
     if rows.column("canonical_id") != csv.column("canonical_id"):
         raise AssertionError("the entities and their CSV lines differ in their entities")
-    rows = rows.append_column("csv", csv.column("csv"))
-    json_bytes = pc.binary_length(pc.cast(rows.column("json"), pa.binary()))
-    rows = rows.append_column("json_bytes", pc.cast(json_bytes, pa.int64()))
-    return rows.select(ROWS_SCHEMA.names).cast(ROWS_SCHEMA)
+    return rows.append_column("csv", csv.column("csv"))
 
 
 #: The changed entities' rows: the index's columns and their lines.

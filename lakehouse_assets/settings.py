@@ -163,6 +163,17 @@ class Settings(BaseSettings):
             "tasks in parallel."
         ),
     )
+    # --- exports ---
+    export_driver_statements: int = Field(
+        default=100_000,
+        ge=0,
+        le=2**31 - 1,
+        description=(
+            "An incremental export whose changed entities hold at most this many live "
+            "statements makes their lines on the driver (no Spark job, no JVM to start); "
+            "more, with Spark."
+        ),
+    )
     vacuum_retention_hours: int = Field(
         default=168,
         ge=0,

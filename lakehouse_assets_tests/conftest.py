@@ -195,6 +195,9 @@ def lakehouse_env(lake: Lakehouse, **extra: str) -> dict[str, str]:
     env["LAKEHOUSE_LAKE_URI"] = lake.store.uri
     env["LAKEHOUSE_JOURNAL_URL"] = lake.settings.resolved_journal_url()
     s = lake.settings
+    # who does a small flush or incremental export: the driver, or Spark (0)
+    env["LAKEHOUSE_FLUSH_DRIVER_ROWS"] = str(s.flush_driver_rows)
+    env["LAKEHOUSE_EXPORT_DRIVER_STATEMENTS"] = str(s.export_driver_statements)
     for key, value in (
         ("LAKEHOUSE_S3_ENDPOINT_URL", s.s3_endpoint_url),
         ("LAKEHOUSE_S3_ACCESS_KEY_ID", s.s3_access_key_id),

@@ -88,10 +88,16 @@ class IncrementalMachine(RuleBasedStateMachine):
 
     calls: Counter[str] = Counter()
 
-    @initialize()
-    def start(self) -> None:
+    @initialize(work=st.sampled_from(["driver", "spark"]))
+    def start(self, work: str) -> None:
+        """``work``: who flushes a small batch and makes an incremental export's
+        lines: the driver (a small change, the default), or Spark (as for a large
+        one; the settings go to the killed children too)."""
         self.tmp = Path(tempfile.mkdtemp(prefix="incremental-"))
         lake = Lakehouse(self.tmp / "lake", journal_url=f"sqlite:///{self.tmp / 'j.sqlite'}")
+        if work == "spark":
+            lake.settings.flush_driver_rows = lake.settings.export_driver_statements = 0
+        self.calls[f"work: {work}"] += 1
         self.ds = lake.create_dataset("incremental")
         self.model = Model(self.ds.name)
         #: entities changed since the last export that saved its state
