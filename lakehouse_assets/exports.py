@@ -439,6 +439,7 @@ def export(
             if k != INDEX and (force or not is_fresh(ds, k) or not versions.published_intact(ds, k))
         )
         result.skipped = [k for k in kinds if k != INDEX and k not in spark_kinds]
+        changed_lines = None  # an incremental pass's lines of the entities it changed
         if result.skipped:
             progress.stage("export %s: fresh, kept: %s", ds.name, ", ".join(result.skipped))
         if spark_kinds:
@@ -453,7 +454,8 @@ def export(
             refreshed, result.reason = incremental.attempt(ds, spark_kinds, snapshot, force=force)
             result.mode = "full" if refreshed is None else "incremental"
             if refreshed is not None:
-                result.written.update(refreshed)
+                result.written.update(refreshed.written)
+                changed_lines = refreshed.lines
             else:
                 result.written.update(_run_pass(ds, spark_kinds, snapshot))
                 for done in result.written.values():
@@ -492,6 +494,7 @@ def export(
                     statements_fresh=STATEMENTS in spark_kinds or is_fresh(ds, STATEMENTS),
                     entities_fresh=ENTITIES in spark_kinds or is_fresh(ds, ENTITIES),
                     written=result.written,
+                    changed_lines=changed_lines,
                 )
             else:
                 result.skipped.append(INDEX)
@@ -647,6 +650,7 @@ def export_index(
     entities_fresh: bool | None = None,
     metadata: dict[str, Any] | None = None,
     written: dict[str, Any] | None = None,
+    changed_lines: incremental.ChangedLines | None = None,
 ) -> dict[str, Any]:
     """Write ``index.json`` (dataset metadata, stats, resource links) and publish a version.
 
@@ -655,6 +659,8 @@ def export_index(
     ``statements.csv`` taken as its rendering only if it is fresh): the
     version's manifest describes it (see :mod:`lakehouse_assets.versions`);
     nothing is published when nothing changed since the last version.
+    ``changed_lines``: an incremental pass's lines of the entities it changed
+    (the version's diff is made from them when they span its parent's snapshot).
     """
     from lakehouse_assets import versions
 
@@ -696,6 +702,7 @@ def export_index(
         entities_fresh=bool(entities_fresh),
         metadata=metadata,
         known_exports=known,
+        changed_lines=changed_lines,
     )
     if built is None:
         ds.core_tags.touch(cv.EXPORTS_INDEX)

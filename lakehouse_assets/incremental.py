@@ -41,7 +41,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -325,6 +325,58 @@ class Refreshed:
     written: dict[str, dict[str, Any]]
     entities_touched: int
     bytes_carried: int
+    #: the changed entities' entities.ftm.json lines before and after (None: too many)
+    lines: ChangedLines | None = None
+
+
+#: An incremental export keeps the old entities.ftm.json lines of at most this
+#: many changed entities for the version's diff (a larger change: the diff reads
+#: the tables, as after a full pass).
+DIFF_LINES = 100_000
+
+
+class ChangedLines(NamedTuple):
+    """The entities.ftm.json lines (without line ends) of the entities a change
+    touched, in the export of ``since`` and of ``until`` (snapshot versions):
+    the version's diff between the two, with nothing built again."""
+
+    since: tuple[int | None, int | None]
+    until: tuple[int | None, int | None]
+    #: canonical id → its line before (absent: the entity was not live)
+    before: dict[str, bytes]
+    #: canonical id → its line after (absent: the entity is not live any more)
+    after: dict[str, bytes]
+    #: the canonical ids the change touched
+    entities: tuple[str, ...] = ()
+
+
+def _entity_lines(
+    index: pa.Table,
+    dropped: Sequence[int],
+    old_bytes: bytes,
+    rows: pa.Table,
+    state: ExportState,
+    snapshot: DatasetSnapshot,
+) -> ChangedLines:
+    """Cut the dropped entities' old bytes into their lines; the new lines from ``rows``."""
+    ids = index.column("canonical_id")
+    lengths = index.column("json_bytes")
+    before: dict[str, bytes] = {}
+    at = 0
+    for row in dropped:
+        size = lengths[row].as_py()
+        before[ids[row].as_py()] = old_bytes[at : at + size].rstrip(b"\n")
+        at += size
+    if at != len(old_bytes):
+        raise StateMismatch("the replaced entities' lines are not the bytes the state says")
+    after = {
+        cid: line.encode("utf-8").rstrip(b"\n")
+        for cid, line in zip(
+            rows.column("canonical_id").to_pylist(), rows.column("json").to_pylist(), strict=True
+        )
+    }
+    since, until = state.snapshot, snapshot.versions
+    return ChangedLines((since[0], since[1]), (until[0], until[1]), before, after)
 
 
 def _changed_rows(
@@ -458,10 +510,17 @@ class _Both:
 
 
 def _pump(
-    src: IO[bytes], length: int, old: Any, out: IO[bytes] | None = None, new: Any = None
+    src: IO[bytes],
+    length: int,
+    old: Any,
+    out: IO[bytes] | None = None,
+    new: Any = None,
+    *,
+    keep: list[bytes] | None = None,
 ) -> None:
     """Move ``length`` bytes on in ``src`` (hashing them as the old file's), copying
-    them to ``out`` (hashing them as the new file's) when given."""
+    them to ``out`` (hashing them as the new file's) when given, or keeping them
+    in ``keep``."""
     while length > 0:
         chunk = src.read(min(CHUNK, length))
         if not chunk:
@@ -470,6 +529,8 @@ def _pump(
         if out is not None:
             out.write(chunk)
             new.update(chunk)
+        if keep is not None:
+            keep.append(chunk)
         length -= len(chunk)
 
 
@@ -482,10 +543,13 @@ def _splice(
     plan: _Plan,
     texts: Sequence[str],
     tmp: Path,
+    dropped: list[bytes] | None = None,
 ) -> tuple[int, str, int, str]:
     """Write the new file to ``tmp`` from the old one at ``path`` and the new lines;
     return its size, SHA-256, the bytes carried over from the old file and its
-    SHA-1 (index.json's resource checksum, what yente compares).
+    SHA-1 (index.json's resource checksum, what yente compares). With
+    ``dropped``, the old file's bytes of the replaced and deleted entities are
+    kept there, in file order.
 
     The old file is read once, front to back, and must hash to ``described``."""
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]) + head
@@ -504,13 +568,15 @@ def _splice(
                 new_digest.update(data)
                 continue
             start, end = int(offsets[first]), int(offsets[stop])
-            _pump(src, start - position, old_digest)  # replaced or deleted entities
+            _pump(src, start - position, old_digest, keep=dropped)  # replaced or deleted
             _pump(src, end - start, old_digest, out, new_digest)
             carried += end - start
             position = end
-        while chunk := src.read(CHUNK):
+        while chunk := src.read(CHUNK):  # (entities replaced or deleted at the end)
             old_digest.update(chunk)
             position += len(chunk)
+            if dropped is not None:
+                dropped.append(chunk)
         size = out.tell()
     if position != described["size"] or old_digest.hexdigest() != described["sha256"]:
         raise StateMismatch(f"{path} is not the file the export state describes")
@@ -552,6 +618,8 @@ def refresh(
         header = csv_header()
         made: dict[str, tuple[Path, int, str, int, str]] = {}
         carried = 0
+        # the changed entities' old lines, for the version's diff (a small change)
+        old_lines: list[bytes] | None = [] if len(plan.dropped) <= DIFF_LINES else None
         for kind, column, text, head in (
             (STATEMENTS_KIND, "csv_bytes", "csv", len(header)),
             (ENTITIES_KIND, "json_bytes", "json", 0),
@@ -560,7 +628,15 @@ def refresh(
             tmp = Path(tempfile.mkstemp(prefix=f"splice-{kind}-", dir=tmp_dir)[1])
             texts = rows.column(text).to_pylist()
             size, sha, moved, sha1 = _splice(
-                ds, state.files[kind]["path"], state.files[kind], head, lengths, plan, texts, tmp
+                ds,
+                state.files[kind]["path"],
+                state.files[kind],
+                head,
+                lengths,
+                plan,
+                texts,
+                tmp,
+                old_lines if kind == ENTITIES_KIND else None,
             )
             made[kind] = (tmp, size, sha, moved, sha1)
             carried += moved
@@ -616,7 +692,11 @@ def refresh(
         files = {k: {x: written[k][x] for x in ("path", "size", "sha256")} for k in made}
         ExportState(snapshot.versions, "", files, aggregates).save(ds, new_index)
         step("state saved")
-        return Refreshed(written, len(changes.entities), carried)
+        lines = None
+        if old_lines is not None:
+            lines = _entity_lines(index, plan.dropped, b"".join(old_lines), rows, state, snapshot)
+            lines = lines._replace(entities=tuple(changes.entities))
+        return Refreshed(written, len(changes.entities), carried, lines)
     finally:
         staging.remove(ds, staging_rel)
 
@@ -624,10 +704,10 @@ def refresh(
 @progress.part("exports")
 def attempt(
     ds: DatasetContext, kinds: frozenset[str], snapshot: DatasetSnapshot, *, force: bool = False
-) -> tuple[dict[str, dict[str, Any]] | None, str | None]:
+) -> tuple[Refreshed | None, str | None]:
     """The three exports of ``snapshot`` from the last ones and the change feed
     (:func:`refresh`), or None and why the full pass must run instead (logged)."""
-    written, reason = None, None
+    reason = None
     state = ExportState.load(ds)
     if force:
         reason = "forced"
@@ -664,7 +744,7 @@ def attempt(
                     refreshed.entities_touched,
                     f"{refreshed.bytes_carried:,}",
                 )
-                return refreshed.written, None
+                return refreshed, None
     log.info("%s: full export: %s", ds.name, reason)
     progress.stage("export %s: full pass (%s)", ds.name, reason)
-    return written, reason
+    return None, reason

@@ -22,6 +22,7 @@ from lakehouse_assets.tables.snapshot import DatasetSnapshot
 
 if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
+    from lakehouse_assets.incremental import ChangedLines
     from lakehouse_assets.versions.chain import Version
 
 
@@ -132,6 +133,34 @@ def diff_from_export(ds: DatasetContext, out: IO[bytes] | _Digest) -> dict[str, 
                 out.write(b'{"op":"ADD","entity":' + line + b"}\n")
                 count += 1
     return {"ADD": count, "MOD": 0, "DEL": 0}
+
+
+def diff_from_lines(lines: ChangedLines, out: IO[bytes] | _Digest) -> dict[str, int]:
+    """Write the diff of an incremental export's change to ``out``: its entities'
+    entities.ftm.json lines before and after (:class:`.incremental.ChangedLines`),
+    in the order :func:`entity_changes` yields them; its counts.
+
+    The same changes the tables give (the change feed that picked the entities
+    is the translog's), with the export's lines as the entities, as the first
+    version's diff has them (:func:`diff_from_export`): nothing is built again
+    (1.8 s of a 1% change's export at 1M statements when built from the tables).
+    """
+    from lakehouse_assets.journal import bucket_of
+
+    counts = {"ADD": 0, "MOD": 0, "DEL": 0}
+    for eid in sorted(set(lines.entities), key=lambda i: (bucket_of(i), i)):
+        before, after = lines.before.get(eid), lines.after.get(eid)
+        if before is None and after is not None:
+            op, line = "ADD", after
+        elif before is not None and after is None:
+            op, line = "DEL", before
+        elif before is not None and after is not None and before != after:
+            op, line = "MOD", after
+        else:
+            continue
+        counts[op] += 1
+        out.write(b'{"op":"' + op.encode() + b'","entity":' + line + b"}\n")
+    return counts
 
 
 #: One entity's change from an older version: the op (``None``: as the older

@@ -38,13 +38,19 @@ from lakehouse_assets.versions.asof import (
 )
 from lakehouse_assets.versions.catalog_index import write_catalog
 from lakehouse_assets.versions.chain import Version, head
-from lakehouse_assets.versions.diffs import _Digest, diff_from_export, render_diff
+from lakehouse_assets.versions.diffs import (
+    _Digest,
+    diff_from_export,
+    diff_from_lines,
+    render_diff,
+)
 from lakehouse_assets.versions.feed import delta_retention, delta_versions, stamp_index
 from lakehouse_assets.versions.hashes import canonical_json, manifest_hash, sha256_of
 from lakehouse_assets.versions.manifest import build_manifest, table_files, unchanged
 
 if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
+    from lakehouse_assets.incremental import ChangedLines
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +95,15 @@ def publish(
     known_exports: MutableMapping[str, Any] | None = None,
     logical: str | None = None,
     parent_hash: str | None = None,
+    changed_lines: ChangedLines | None = None,
 ) -> PublishResult:
     """Write the manifest of a new version, link it, tag the Delta history, write its diff.
 
     ``parent_hash``: publish only on that head (a rewrite that kept the head's
     statements, :func:`publish_relayout`; skipped if another version came first).
+    ``changed_lines``: an incremental export's lines of the entities it changed;
+    when they go from the parent's snapshot to this one, the diff is made from
+    them (:func:`diff_from_lines`) rather than from the tables.
 
     Called by ``export_index`` after ``index.json`` was written. Skips (returns
     without a version) when nothing changed since the head. The diff is
@@ -145,6 +155,13 @@ def publish(
                     sink = _Digest(fh)
                     if old is None and entities_fresh:  # every entity is new: the export
                         counts = diff_from_export(ds, sink)
+                    elif (
+                        old is not None
+                        and changed_lines is not None
+                        and tuple(changed_lines.since) == tuple(old.versions)
+                        and tuple(changed_lines.until) == tuple(snapshot.versions)
+                    ):
+                        counts = diff_from_lines(changed_lines, sink)
                     else:
                         counts = render_diff(ds, old, snapshot, sink)
                 manifest["diff"] = {
