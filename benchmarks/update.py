@@ -7,8 +7,9 @@ fresh lake: write, flush, export (the full pass, which leaves the state an
 incremental export starts from). Then the change of issue 34, by entities of
 the base: 0.5% new entities (copies of base entities under new ids), 0.3%
 written again with one more value, 0.2% deleted, each through the CLI (the
-user's API). Then, timed, each its own process (cold: every step starts its
-own Spark JVM, unless ``LAKEHOUSE_SPARK_REMOTE`` points at a warm server):
+user's API). Then, timed, each its own process (cold: every step that runs
+Spark starts its own JVM, unless ``LAKEHOUSE_SPARK_REMOTE`` points at a warm
+server; a small flush and a small change's incremental export run none):
 
 1. write + delete of the change;
 2. flush (the change feed recorded with it);
@@ -423,7 +424,11 @@ def side_by_side_report(
             "server: its steps are the same cold processes as in a cold run."
         )
     else:
-        print("- cold: every step a fresh process; each of ours starts its own Spark JVM")
+        print(
+            "- cold: every step a fresh process; each of ours that runs Spark starts its own "
+            "JVM (a flush of a small batch and an incremental export of a small change run "
+            "no Spark job: they start none)"
+        )
     orders = "; ".join(f"round {r.number}: {' then '.join(r.order)}" for r in rounds)
     print(f"- rounds: {len(rounds)}" + (" (medians)" if len(rounds) > 1 else "") + f"; {orders}")
     print()

@@ -35,10 +35,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 import tempfile
 import uuid
 from bisect import bisect_left
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
@@ -54,6 +56,7 @@ from lakehouse_assets.entity_lines import entity_rows
 from lakehouse_assets.freshness import ENTITIES as ENTITIES_KIND
 from lakehouse_assets.freshness import STATEMENTS as STATEMENTS_KIND
 from lakehouse_assets.freshness import STATISTICS as STATISTICS_KIND
+from lakehouse_assets.preload import preload
 from lakehouse_assets.query import SORT, csv_header, live_statements
 from lakehouse_assets.spark import ftm_sql
 from lakehouse_assets.storage import LocalStore
@@ -604,6 +607,8 @@ def refresh(
         index = state.index(ds)
         rows = _changed_rows(ds, snapshot, changes.entities, staging_uri)
         step("%d changed entities, %d still live: lines made", len(changes.entities), rows.num_rows)
+        if "ftmq.model.stats" not in sys.modules:  # the statistics need it after the splice,
+            preload("ftmq.model.stats")  # whose reads and hashes leave the GIL free
         faults.point("export.after_parts")  # as in the full pass: lines made, nothing replaced
         old_ids = index.column("canonical_id").to_pylist()
         new_ids = rows.column("canonical_id").to_pylist()
@@ -620,26 +625,35 @@ def refresh(
         carried = 0
         # the changed entities' old lines, for the version's diff (a small change)
         old_lines: list[bytes] | None = [] if len(plan.dropped) <= DIFF_LINES else None
-        for kind, column, text, head in (
-            (STATEMENTS_KIND, "csv_bytes", "csv", len(header)),
-            (ENTITIES_KIND, "json_bytes", "json", 0),
-        ):
-            lengths = index.column(column).to_numpy(zero_copy_only=False)
-            tmp = Path(tempfile.mkstemp(prefix=f"splice-{kind}-", dir=tmp_dir)[1])
-            texts = rows.column(text).to_pylist()
-            size, sha, moved, sha1 = _splice(
-                ds,
-                state.files[kind]["path"],
-                state.files[kind],
-                head,
-                lengths,
-                plan,
-                texts,
-                tmp,
-                old_lines if kind == ENTITIES_KIND else None,
-            )
-            made[kind] = (tmp, size, sha, moved, sha1)
-            carried += moved
+        # both files at once: a splice is reads, hashes and writes, which leave
+        # the GIL free (at 1M statements 0.8 s one after the other)
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="splice") as pool:
+            spliced = {}
+            for kind, column, text, head in (
+                (STATEMENTS_KIND, "csv_bytes", "csv", len(header)),
+                (ENTITIES_KIND, "json_bytes", "json", 0),
+            ):
+                lengths = index.column(column).to_numpy(zero_copy_only=False)
+                tmp = Path(tempfile.mkstemp(prefix=f"splice-{kind}-", dir=tmp_dir)[1])
+                spliced[kind] = (
+                    tmp,
+                    pool.submit(
+                        _splice,
+                        ds,
+                        state.files[kind]["path"],
+                        state.files[kind],
+                        head,
+                        lengths,
+                        plan,
+                        rows.column(text).to_pylist(),
+                        tmp,
+                        old_lines if kind == ENTITIES_KIND else None,
+                    ),
+                )
+            for kind, (tmp, future) in spliced.items():
+                size, sha, moved, sha1 = future.result()
+                made[kind] = (tmp, size, sha, moved, sha1)
+                carried += moved
         step("files spliced (%s bytes carried over)", f"{carried:,}")
         # the new index: old ranges and new rows in plan order (a take, no sort)
         combined = pa.concat_tables([index, rows.select(INDEX_SCHEMA.names)])
