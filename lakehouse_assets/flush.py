@@ -568,9 +568,7 @@ def _flush_batch_on_driver(
     main, log_table = ds.statements_table, ds.translog_table
     main_snapshot, log_snapshot = Snapshot.load(main), Snapshot.load(log_table)
     main_files, log_files = main_snapshot.select(span), log_snapshot.select(span)
-    stored = Probe(
-        rows=pa.table({"origin": pa.array([], pa.string()), "id": pa.array([], pa.string())})
-    )
+    stored = Probe(rows=_no_rows("origin", "id"))  # (nothing stored in these buckets yet)
     if main_files:
         found = probe(
             main_files,
@@ -584,15 +582,7 @@ def _flush_batch_on_driver(
         if found is None:
             return False
         stored = found
-    holding = Probe(
-        rows=pa.table(
-            {
-                "origin": pa.array([], pa.string()),
-                "id": pa.array([], pa.string()),
-                "_file": pa.array([], pa.string()),
-            }
-        )
-    )
+    holding = Probe(rows=_no_rows("origin", "id", "_file"))
     if log_files:
         found = probe(
             log_files,
@@ -681,6 +671,10 @@ def _flush_batch_on_driver(
     result.ignored_tombstones += count(pc.and_(pc.invert(in_main), dead))
     faults.point("flush.after_translog_commit")
     return True
+
+
+def _no_rows(*names: str) -> pa.Table:
+    return pa.table({name: pa.array([], pa.string()) for name in names})
 
 
 def _statement_keys(table: pa.Table) -> pa.ChunkedArray:
