@@ -107,6 +107,7 @@ from lakehouse_assets.tables.spark_io import arrow_frame, read_snapshot, write_f
 from lakehouse_assets.tables.translog import merge_rows
 
 if TYPE_CHECKING:
+    from deltalake.transaction import AddAction
     from pyspark.sql import DataFrame, SparkSession
 
     from lakehouse_assets.context import DatasetContext
@@ -274,14 +275,55 @@ def rewrite_translog(
     adds = write_files(
         merged, location.uri, options, TRANSLOG_SCHEMA, staging_uri=staging_uri, prefix="translog"
     )
-    removes = [remove_action(f.path, f.size, f.partition_values) for f in old_files]
+    return _commit_translog(ds, snapshot, old_files, adds, metadata, fence, publishes)
+
+
+def _commit_statements(
+    ds: DatasetContext,
+    snapshot: Snapshot,
+    actions: Sequence[AddAction],
+    meta: dict[str, str],
+    fence: Fence,
+    result: FlushResult,
+    new: int,
+) -> int | None:
+    """Append a batch's ``new`` statements' files to the main table (one commit);
+    the statements version the translog commit is to publish."""
+    if not actions:
+        return snapshot.version
+    published = commit(
+        ds.statements_table,
+        actions,
+        schema=STATEMENTS_SCHEMA,
+        partition_by=[STATEMENTS_PARTITION],
+        metadata=meta,
+        fence=fence,
+        read_version=snapshot.version,
+    )
+    result.statements_version = published
+    result.new += new
+    return published
+
+
+def _commit_translog(
+    ds: DatasetContext,
+    snapshot: Snapshot,
+    replaced: Sequence[DataFile],
+    adds: Sequence[AddAction],
+    meta: dict[str, str],
+    fence: Fence,
+    publishes: int | None,
+) -> int | None:
+    """One commit: the ``replaced`` translog files out, their rewrites and the new
+    rows' files in, publishing statements version ``publishes``."""
+    removes = [remove_action(f.path, f.size, f.partition_values) for f in replaced]
     if not adds and not removes and snapshot.version is None:
         return None  # nothing to record and no table to publish in yet
     return commit(
-        location,
+        ds.translog_table,
         [*removes, *adds],
         schema=TRANSLOG_SCHEMA,
-        metadata=metadata,
+        metadata=meta,
         fence=fence,
         read_version=snapshot.version,
         publishes=publishes,
@@ -464,19 +506,9 @@ def _flush_batch(
     )
     step("wrote %d new statement files", len(actions))
     faults.point("flush.after_parquet")
-    published = main_snapshot.version
-    if actions:
-        published = commit(
-            main,
-            actions,
-            schema=STATEMENTS_SCHEMA,
-            partition_by=[STATEMENTS_PARTITION],
-            metadata=meta,
-            fence=fence,
-            read_version=main_snapshot.version,
-        )
-        result.statements_version = published
-        result.new += sum(_num_records(a.stats) for a in actions)
+    published = _commit_statements(
+        ds, main_snapshot, actions, meta, fence, result, sum(_num_records(a.stats) for a in actions)
+    )
     step("committed statements")
     faults.point("flush.after_statements_commit")
     # Statements in the main table (now including the new ones) get a translog row;
@@ -625,19 +657,7 @@ def _flush_batch_on_driver(
     )
     step("wrote %d new statement files", len(actions))
     faults.point("flush.after_parquet")
-    published = main_snapshot.version
-    if actions:
-        published = commit(
-            main,
-            actions,
-            schema=STATEMENTS_SCHEMA,
-            partition_by=[STATEMENTS_PARTITION],
-            metadata=meta,
-            fence=fence,
-            read_version=main_snapshot.version,
-        )
-        result.statements_version = published
-        result.new += new.num_rows
+    published = _commit_statements(ds, main_snapshot, actions, meta, fence, result, new.num_rows)
     step("committed statements")
     faults.point("flush.after_statements_commit")
     # Statements in the main table (now including the new ones) get a translog row;
@@ -745,18 +765,7 @@ def _rewrite_translog_on_driver(
             adds += write_table(
                 merged.slice(start, size), location.uri, options, TRANSLOG_SCHEMA, prefix="translog"
             )
-    removes = [remove_action(f.path, f.size, f.partition_values) for f in files]
-    if not adds and not removes and snapshot.version is None:
-        return None  # nothing to record and no table to publish in yet
-    return commit(
-        location,
-        [*removes, *adds],
-        schema=TRANSLOG_SCHEMA,
-        metadata=meta,
-        fence=fence,
-        read_version=snapshot.version,
-        publishes=published,
-    )
+    return _commit_translog(ds, snapshot, files, adds, meta, fence, published)
 
 
 def _record_changes_on_driver(
@@ -805,14 +814,7 @@ def _record_changes_on_driver(
     actions = write_table(
         changes, location.uri, location.storage_options, CHANGES_SCHEMA, prefix="changes"
     )
-    commit(
-        location,
-        actions,
-        schema=CHANGES_SCHEMA,
-        metadata={"lakehouse.operation": "flush", "dataset": ds.name, "flush_id": flush_id},
-        fence=fence,
-        read_version=Snapshot.load(location).version,
-    )
+    _commit_changes(ds, actions, flush_id, fence)
 
 
 def record_changes(
@@ -861,6 +863,14 @@ def record_changes(
         staging_uri=staging_uri,
         prefix="changes",
     )
+    _commit_changes(ds, actions, flush_id, fence)
+
+
+def _commit_changes(
+    ds: DatasetContext, actions: Sequence[AddAction], flush_id: str, fence: Fence
+) -> None:
+    """Commit a batch's change feed files (:mod:`.tables.feed`)."""
+    location = ds.changes_table
     commit(
         location,
         actions,
