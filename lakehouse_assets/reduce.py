@@ -36,7 +36,10 @@ _PROVENANCE_SOURCES = {
 def reduce_events(events: pa.Table) -> pa.Table:
     """One row per (origin, id) of a batch of journal events (:data:`REDUCED_SCHEMA`).
 
-    A statement's columns come from its first live (not tombstone) event, its
+    A statement's columns come from its first live (not tombstone) event (with
+    none, from its first tombstone, which carries the stored statement's
+    columns: a statement deleted twice before a flush keeps its entity's
+    canonical id, which the change feed records), its
     ``first_seen`` is the earliest, ``last_seen`` the latest, ``deleted_at``
     the last event's (NULL: written last, so live), and the tenant and write
     of its first and its last event. Done in Arrow on the
@@ -76,7 +79,23 @@ def reduce_events(events: pa.Table) -> pa.Table:
             *((source, agg, keep_nulls) for source, agg in _PROVENANCE_SOURCES.values()),
         ]
     )
-    joined = seen.join(firsts, keys=keys, join_type="left outer")
+    # a statement with no live event in the batch: its first tombstone's columns
+    tombstoned = multi.group_by(keys, use_threads=False).aggregate(
+        [(c, "first", keep_nulls) for c in _STATEMENT_COLUMNS if c != "origin"]
+    )
+    tombstoned = tombstoned.rename_columns(
+        [n if n in keys else f"{n}_tombstone" for n in tombstoned.column_names]
+    )
+    firsts = firsts.append_column("_live", pa.repeat(True, firsts.num_rows))
+    joined = seen.join(firsts, keys=keys, join_type="left outer").join(
+        tombstoned, keys=keys, join_type="left outer"
+    )
+    live_event = pc.is_valid(joined["_live"])
+    for column in _STATEMENT_COLUMNS:
+        if column != "origin":
+            name = f"{column}_first"
+            chosen = pc.if_else(live_event, joined[name], joined[f"{name}_tombstone"])
+            joined = joined.set_column(joined.schema.get_field_index(name), name, chosen)
     columns = {
         name: joined[name if name in keys else f"{name}_{agg}"]
         for name, agg in [
