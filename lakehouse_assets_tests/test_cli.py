@@ -438,10 +438,24 @@ def test_long_commands_say_what_they_do_and_spark_stays_quiet(
     assert any(line.startswith("published  version 1") for line in lines)
     assert any("exports/statements.csv" in line and "2 statements" in line for line in lines)
 
-    # a real process with an in-process Spark: no JVM noise on stderr, unless -v
+    # a real process: a flush this small runs on the driver and starts no JVM
     exe = str(Path(sys.executable).parent / "lakehouse")
     env = {k: v for k, v in os.environ.items() if k != "LAKEHOUSE_SPARK_REMOTE"}
     env["LAKEHOUSE_CACHE_DIR"] = str(tmp_path / "cache")
+    ds.add_entity({"id": "p4", "schema": "Person", "properties": {"name": ["Di"]}})
+    small = subprocess.run(
+        [exe, "--lake", str(tmp_path / "lake"), "-d", "talk", "flush"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert small.returncode == 0, small.stderr
+    assert json.loads(small.stdout)["new"] == 2
+    assert not (tmp_path / "cache" / "spark-driver.log").exists()  # no JVM started
+    # with Spark doing the flush (as for a larger batch), an in-process Spark: no
+    # JVM noise on stderr, unless -v
+    env["LAKEHOUSE_FLUSH_DRIVER_ROWS"] = "0"
     ds.add_entity({"id": "p3", "schema": "Person", "properties": {"name": ["Cy"]}})
     quiet = subprocess.run(
         [exe, "--lake", str(tmp_path / "lake"), "-d", "talk", "flush"],
