@@ -195,9 +195,14 @@ def lakehouse_env(lake: Lakehouse, **extra: str) -> dict[str, str]:
     env["LAKEHOUSE_LAKE_URI"] = lake.store.uri
     env["LAKEHOUSE_JOURNAL_URL"] = lake.settings.resolved_journal_url()
     s = lake.settings
-    # who does a small flush or incremental export: the driver, or Spark (0)
-    env["LAKEHOUSE_FLUSH_DRIVER_ROWS"] = str(s.flush_driver_rows)
-    env["LAKEHOUSE_EXPORT_DRIVER_STATEMENTS"] = str(s.export_driver_statements)
+    # who does a small flush or incremental export: the driver, or Spark (0), as
+    # the lake's settings say unless the caller says
+    for key, setting in (
+        ("LAKEHOUSE_FLUSH_DRIVER_ROWS", s.flush_driver_rows),
+        ("LAKEHOUSE_EXPORT_DRIVER_STATEMENTS", s.export_driver_statements),
+    ):
+        if key not in extra:
+            env[key] = str(setting)
     for key, value in (
         ("LAKEHOUSE_S3_ENDPOINT_URL", s.s3_endpoint_url),
         ("LAKEHOUSE_S3_ACCESS_KEY_ID", s.s3_access_key_id),

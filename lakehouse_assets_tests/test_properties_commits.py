@@ -94,9 +94,18 @@ def commit_task(task: dict[str, Any]) -> str:
 @pytest.fixture(scope="module")
 def workers() -> Iterator[Any]:
     ctx = mp.get_context("spawn")  # delta-rs must not be forked
-    with ctx.Pool(8) as pool:
+    pool = ctx.Pool(8)
+    try:
         pool.map(time.sleep, [0] * 8)  # warm: every worker has imported its modules
         yield pool
+    finally:
+        # close + join: the idle workers exit on the pool's sentinels. Not
+        # terminate() (the pool's __exit__): it holds the task queue's lock and
+        # relies on SIGTERM, which a test process started with SIGTERM ignored
+        # (a nohup'd or backgrounded CI shell) hands on to its workers: its join
+        # then waited forever (seen in a CI run, by the race Pool.terminate has)
+        pool.close()
+        pool.join()
 
 
 @pytest.fixture(params=["local", "s3"])
