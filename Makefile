@@ -50,18 +50,19 @@ ui: install java
 	@LAKE=$(DEMO_LAKE) VENV=$(VENV) UI_PORT=$(UI_PORT) sh lakehouse_assets/sample/ui.sh
 
 # the suite with Spark Connect (a server per test worker), then the data-plane
-# group again with an in-process Spark (one process cannot mix the two), then
-# on a local standalone cluster (a master and 2 workers per test worker, the
-# executors without this package, PostgreSQL journals): the cluster tests, spread
-# over both workers (the whole data-plane group there is `make test-cluster`)
+# group (flush, exports, compact, optimize, mappings, checks, snapshots: tests
+# marked spark_modes) again with an in-process Spark (one process cannot mix
+# the two), then on a local standalone cluster (a master and 2 workers per
+# test worker, the executors without this package; local lakes on SQLite
+# journals, S3 lakes on PostgreSQL ones) with the cluster tests
 test: install java yente
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH dg check defs
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 	LAKEHOUSE_TEST_SPARK=inprocess $(PY) -m pytest -n 2 --dist loadfile -m spark_modes $(PYTEST_ARGS)
-	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist load -m cluster \
-		lakehouse_assets_tests/test_cluster.py $(PYTEST_ARGS)
+	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist loadfile -m "spark_modes or cluster" $(PYTEST_ARGS)
 
-# the whole data-plane group on the local standalone cluster (long)
+# the cluster part of `make test` alone: the data-plane group and the cluster
+# tests on the local standalone cluster
 test-cluster: install java
 	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist loadfile -m "spark_modes or cluster" $(PYTEST_ARGS)
 

@@ -157,9 +157,12 @@ def make_bucket(settings: Settings) -> str:
 
 @pytest.fixture(params=["local", "s3"])
 def lake(request: pytest.FixtureRequest, tmp_path: Path) -> Lakehouse:
-    """A fresh lake on a local folder and on the loopback S3 server (with a SQLite
-    journal; in the cluster mode a fresh PostgreSQL database, as on a real cluster)."""
-    if SPARK_MODE == "cluster":
+    """A fresh lake on a local folder and on the loopback S3 server, with a SQLite
+    journal. In the cluster mode the S3 lake's journal is a fresh PostgreSQL
+    database (a real cluster's: the tasks read it), the local lake's stays
+    SQLite (a file the driver reads, handing the rows to the executors through
+    the lake's staging area): both ways a cluster runs are tested."""
+    if SPARK_MODE == "cluster" and request.param == "s3":
         journal = str(request.getfixturevalue("postgres_database"))
     else:
         journal = f"sqlite:///{tmp_path / 'journal.sqlite'}"

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from followthemoney.statement import Statement
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lakehouse_assets_tests.conftest import examples
+
+pytestmark = pytest.mark.spark_modes
 
 text = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=20)
 statement = st.fixed_dictionaries(

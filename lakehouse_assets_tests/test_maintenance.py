@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+import pytest
 from click.testing import CliRunner
 
 from lakehouse_assets import conventions as cv
@@ -17,6 +18,8 @@ from lakehouse_assets_tests.conftest import cli_args, sample_entities
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.spark_modes
 
 ENTITIES = sample_entities()
 

@@ -26,6 +26,8 @@ from lakehouse_assets_tests.conftest import REPO, SHARED_DATA
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+pytestmark = pytest.mark.spark_modes
+
 HERE = Path(__file__).parent
 #: A small CSV + mapping of our own, so the suite runs without ../shared.
 PEOPLE_CSV = """name,nationality,employer,role
