@@ -153,6 +153,16 @@ class Settings(BaseSettings):
         le=2**31 - 1,
         description="Journal rows per flush batch (bounds the memory a flush needs).",
     )
+    duckdb_memory_limit: str = Field(
+        default="256MB",
+        pattern=r"^[0-9]+(\.[0-9]+)?\s*(KB|MB|GB|KiB|MiB|GiB)$",
+        description=(
+            "The memory limit of DuckDB where it works on whole tables in this process "
+            "(the graph index's rebuild, a version's diff and live count), spilling to a "
+            "temporary folder beyond it: with Spark on a cluster, the host that runs the "
+            "CLI or Dagster's run workers stays small."
+        ),
+    )
     flush_driver_rows: int = Field(
         default=100_000,
         ge=0,

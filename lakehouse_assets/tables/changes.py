@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakehouse_assets.tables.duck import bounded_duckdb
 from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
 from lakehouse_assets.tables.snapshot import DatasetSnapshot, arrow_dataset
 
@@ -36,8 +37,8 @@ def changed_translog_rows(
     new_files = {f.path: f for f in new.translog.files}
     added = [f for p, f in new_files.items() if p not in old_files]
     removed = [f for p, f in old_files.items() if p not in new_files]
-    new_side = arrow_dataset(added, TRANSLOG_SCHEMA, options)  # noqa: F841 (DuckDB reads it)
-    old_side = arrow_dataset(removed, TRANSLOG_SCHEMA, options)  # noqa: F841
+    new_side = arrow_dataset(added, TRANSLOG_SCHEMA, options)
+    old_side = arrow_dataset(removed, TRANSLOG_SCHEMA, options)
     # timestamps compared with NULL as '' (a live row, deleted_at NULL, equals itself);
     # DuckDB's parallel hash join: pyarrow's took 21 s of a 10M-row diff, this ~3 s
     cols = ["origin", "id", "bucket", "deleted_at", "first_seen", "last_seen"]
@@ -49,17 +50,15 @@ def changed_translog_rows(
 
     differs = " OR ".join(f"n.{c} <> o.{c}" for c in cols if c not in ("origin", "id"))
     picked = ", ".join([*(f"n.{c} AS n_{c}" for c in cols), *(f"o.{c} AS o_{c}" for c in cols)])
-    import duckdb  # 0.2 s: imported by the diff that uses it, not by every `versions` reader
-
-    con = duckdb.connect(config={"threads": 2})
-    try:
+    # a whole rewritten translog (optimize) joins all its rows: in the memory limit
+    with bounded_duckdb(ds.settings) as con:
+        con.register("new_side", new_side)
+        con.register("old_side", old_side)
         changed = con.execute(
             f"WITH {side('new_side', 'n')}, {side('old_side', 'o')} "
             f"SELECT {picked} FROM n FULL OUTER JOIN o ON n.origin = o.origin AND n.id = o.id "
             f"WHERE n.id IS NULL OR o.id IS NULL OR {differs}"
         ).to_arrow_table()
-    finally:
-        con.close()
     schema = pa.schema([pa.field(c, TRANSLOG_SCHEMA.field(c).type) for c in cols])
 
     def rows(prefix: str) -> pa.Table:

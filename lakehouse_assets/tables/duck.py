@@ -1,0 +1,48 @@
+"""DuckDB connections for whole-table work done in this process, in a memory limit.
+
+A few steps read a whole table outside Spark whatever Spark's mode: the graph
+index's rebuild, a version's diff (the translog files two snapshots do not
+share) and a version's count of live statements. With Spark on a cluster the
+rest of the work is the cluster's, and the host that runs the CLI or
+Dagster's run workers should stay small; DuckDB's own default is 80% of the
+machine's memory. Here it gets ``LAKEHOUSE_DUCKDB_MEMORY_LIMIT`` and spills
+beyond it (sorts, joins, aggregations, the tables a step creates) to a
+temporary folder that goes with the connection.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from lakehouse_assets.settings import Settings
+
+
+@contextmanager
+def bounded_duckdb(settings: Settings, *, threads: int = 2) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A DuckDB connection held to ``settings.duckdb_memory_limit``, its database
+    and spill files in a temporary folder removed with it."""
+    import duckdb  # 0.2 s: imported by the step that uses it, not by every reader
+
+    with tempfile.TemporaryDirectory(prefix="lakehouse-duckdb-") as spill:
+        # a database file, not ``:memory:``: the tables a step creates are paged
+        # out to it too, not only the sorts' and joins' intermediates
+        con = duckdb.connect(
+            f"{spill}/work.duckdb",
+            config={
+                "memory_limit": settings.duckdb_memory_limit,
+                "threads": threads,
+                "temp_directory": spill,
+                # a sort or join beyond the limit spills instead of keeping input order
+                "preserve_insertion_order": False,
+            },
+        )
+        try:
+            yield con
+        finally:
+            con.close()
