@@ -277,6 +277,17 @@ def test_as_of_reads_equal_what_each_version_exported(spark: SparkSession, lake:
         {"operation": "compact"},
         {"operation": "optimize"},
     ]
+    # they changed no entity: their diffs are empty without reading the tables, as
+    # the tables' own diff from the parent's snapshot says
+    for seq in (3, 5):
+        relayout, parent = ds.version(seq), ds.version(seq - 1)
+        assert relayout is not None and parent is not None
+        assert relayout.manifest["diff"]["counts"] == {"ADD": 0, "MOD": 0, "DEL": 0}
+        assert relayout.manifest["diff"]["size"] == 0
+        tables_say = versions.entity_changes(
+            ds, versions.snapshot_at(ds, parent), versions.snapshot_at(ds, relayout)
+        )
+        assert list(tables_say) == []
     # point reads: the deleted entity exists in the first make, not in the next two, again
     # in the last
     assert [ds.get_entity(doomed, as_of=s) is not None for s in made] == [

@@ -96,6 +96,7 @@ def publish(
     logical: str | None = None,
     parent_hash: str | None = None,
     changed_lines: ChangedLines | None = None,
+    same_entities: bool = False,
 ) -> PublishResult:
     """Write the manifest of a new version, link it, tag the Delta history, write its diff.
 
@@ -104,6 +105,11 @@ def publish(
     ``changed_lines``: an incremental export's lines of the entities it changed;
     when they go from the parent's snapshot to this one, the diff is made from
     them (:func:`diff_from_lines`) rather than from the tables.
+    ``same_entities``: ``snapshot`` rewrites the parent's tables keeping every
+    live statement (:func:`publish_relayout`): no entity changed, so the diff is
+    empty and neither snapshot is read for it (a whole rewritten translog
+    joined with the old one was the largest part of an optimize's memory in
+    this process).
 
     Called by ``export_index`` after ``index.json`` was written. Skips (returns
     without a version) when nothing changed since the head. The diff is
@@ -146,14 +152,18 @@ def publish(
             return result
         with tempfile.TemporaryDirectory(dir=scratch_dir(ds.settings), prefix="diff-") as tmp:
             diff_file = Path(tmp) / "diff.json"
+            old = None
             try:
-                old = snapshot_at(ds, parent) if parent is not None else None
+                if parent is not None and not same_entities:
+                    old = snapshot_at(ds, parent)
             except (VersionExpiredError, VersionDamagedError) as exc:
                 manifest["diff"] = {"skipped": str(exc)}
             else:
                 with diff_file.open("wb") as fh:
                     sink = _Digest(fh)
-                    if old is None and entities_fresh:  # every entity is new: the export
+                    if same_entities:
+                        counts = {"ADD": 0, "MOD": 0, "DEL": 0}
+                    elif old is None and entities_fresh:  # every entity is new: the export
                         counts = diff_from_export(ds, sink)
                     elif (
                         old is not None
@@ -236,6 +246,7 @@ def publish_relayout(
         known_exports=known,
         logical=str(parent.manifest["logical_hash"]),
         parent_hash=parent.hash,
+        same_entities=True,
     )
 
 
