@@ -85,16 +85,16 @@ def _writer(lookup: str) -> WriterProperties:
 def _write(
     ds: DatasetContext,
     table: str,
-    data: pa.Table,
+    data: pa.Table | pa.RecordBatchReader,
     mode: Literal["append", "overwrite"],
     reflects: int | None,
     *,
     fence: CommitFence,
-    presorted: bool = False,
 ) -> None:
-    """Append or overwrite one of the index's tables (sorted by property and
-    lookup column, unless ``presorted`` says the rows already are), under the
-    fence of the dataset's table lock the caller holds (:func:`fenced_write`)."""
+    """Append or overwrite one of the index's tables, under the fence of the
+    dataset's table lock the caller holds (:func:`fenced_write`). A table is
+    sorted by property and lookup column here; a stream (a rebuild's) comes
+    sorted so, and is written a batch at a time."""
     lookup = "source" if table == BY_SOURCE else "target"
     metadata = {"lakehouse.graph.reflects_translog": str(reflects)}
     location = table_location(ds, table)
@@ -103,7 +103,9 @@ def _write(
         return
     fenced_write(
         location,
-        data if presorted else data.sort_by([("prop", "ascending"), (lookup, "ascending")]),
+        data
+        if isinstance(data, pa.RecordBatchReader)
+        else data.sort_by([("prop", "ascending"), (lookup, "ascending")]),
         mode=mode,
         fence=fence,
         metadata=metadata,

@@ -253,7 +253,7 @@ def _check_fence(location: DeltaLocation, table: DeltaTable | None, fence: Commi
 
 def fenced_write(
     location: DeltaLocation,
-    data: pa.Table,
+    data: pa.Table | pa.RecordBatchReader,
     *,
     mode: Literal["append", "overwrite"],
     fence: CommitFence,
