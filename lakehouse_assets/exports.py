@@ -319,10 +319,17 @@ def _run_pass(
             step("statements.csv parts written")
         spark_index = None
         if keep_state:
-            spark_index = entities.select(
-                *[c for c in incremental.SPARK_INDEX_COLUMNS if c != "pick"],
-                F.col("_pick_names").isNotNull().cast("long").alias("pick"),
-            ).toArrow()
+            # sorted by Spark: the partitions are canonical_id ranges in order (as
+            # the entity lines' parts), so the collected rows come sorted and this
+            # process holds one copy of them, not a second one sorted
+            spark_index = (
+                entities.select(
+                    *[c for c in incremental.SPARK_INDEX_COLUMNS if c != "pick"],
+                    F.col("_pick_names").isNotNull().cast("long").alias("pick"),
+                )
+                .sortWithinPartitions("canonical_id")
+                .toArrow()
+            )
             step("per-entity index collected")
         faults.point("export.after_parts")
         chunks = incremental.LineLengths() if keep_state else None

@@ -254,9 +254,14 @@ class ExportState:
         point), then the previous index removed."""
         previous = ExportState.load(ds)
         name = f"entities-{uuid.uuid4().hex}.parquet"
-        sink = pa.BufferOutputStream()
-        pq.write_table(index.cast(INDEX_SCHEMA), sink, compression="zstd")
-        ds.store.write_bytes(self.path(ds, name), sink.getvalue().to_pybytes())
+        # through a local file: an in-memory buffer and its bytes were two more
+        # copies of the index in this process
+        with tempfile.TemporaryDirectory(
+            dir=staging.scratch_dir(ds.settings), prefix="state-"
+        ) as tmp:
+            local = Path(tmp) / name
+            pq.write_table(index.cast(INDEX_SCHEMA), local, compression="zstd")
+            ds.store.put_file(self.path(ds, name), local)
         self.index_file = name
         data = {**asdict(self), "snapshot": list(self.snapshot)}
         ds.store.write_text(self.path(ds), json.dumps(data, sort_keys=True))
@@ -282,7 +287,7 @@ def full_state(
     ``spark_index`` holds :data:`SPARK_INDEX_COLUMNS` per entity (any order);
     ``json_lengths`` the byte length of each line of entities.ftm.json, in order.
     """
-    index = spark_index.sort_by("canonical_id")
+    index = spark_index if _sorted_ids(spark_index) else spark_index.sort_by("canonical_id")
     if index.num_rows != len(json_lengths):
         log.warning(
             "%s: %d entities but %d entity lines; no incremental state",
@@ -298,6 +303,15 @@ def full_state(
     aggregates.add(index)
     aggregates.prune()
     ExportState(snapshot.versions, "", files, aggregates).save(ds, index)
+
+
+def _sorted_ids(index: pa.Table) -> bool:
+    """Whether ``index``'s canonical ids ascend (as Spark's export pass collects them)."""
+    ids = index.column("canonical_id")
+    if index.num_rows < 2:
+        return True
+    ascending = pc.less_equal(ids.slice(0, index.num_rows - 1), ids.slice(1))
+    return bool(pc.all(ascending).as_py())
 
 
 class LineLengths:

@@ -161,7 +161,7 @@ def _live_edges(ds: DatasetContext, snapshot: DatasetSnapshot) -> Iterator[_Live
     def scan(data: Any, columns: list[str]) -> pa.RecordBatchReader:
         # pyarrow's default read-ahead (4 files, 16 batches) is outside DuckDB's
         # memory limit and held most of a 1M-statement table at once
-        return data.scanner(  # type: ignore[no-any-return]
+        return data.scanner(
             columns=columns, batch_size=64 * 1024, batch_readahead=2, fragment_readahead=1
         ).to_reader()
 
