@@ -241,7 +241,13 @@ def measure(
     size: str, data: Path, mode: str, steps: str, args: argparse.Namespace, s3: dict[str, str]
 ) -> list[Figure]:
     work = Path(tempfile.mkdtemp(prefix=f"spark-modes-{mode}-", dir=args.workdir))
-    base = {**clean_env(), **s3, "LAKEHOUSE_CACHE_DIR": str(work / "cache")}
+    base = {
+        **clean_env(),
+        **s3,
+        "LAKEHOUSE_CACHE_DIR": str(work / "cache"),
+        "LAKEHOUSE_SPARK_CLUSTER_WORKER_MEMORY": args.worker_memory,
+        "LAKEHOUSE_SPARK_EXECUTOR_MEMORY": args.executor_memory,
+    }
     journal = _postgres_database()
     daemons = Daemons(work, base)
     figures = []
@@ -321,6 +327,8 @@ def main() -> None:
     parser.add_argument("--steps", choices=sorted(STEPS), default="make")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--executor-python", type=Path, help="default: built here")
+    parser.add_argument("--worker-memory", default="1g", help="each cluster worker's")
+    parser.add_argument("--executor-memory", default="512m", help="each executor's (cluster)")
     parser.add_argument("--kek", type=Path, default=KEK)
     parser.add_argument("--step-timeout", type=float, default=3600)
     parser.add_argument("--workdir", type=Path)
@@ -350,7 +358,7 @@ def main() -> None:
                 figures += measure(size, data, mode, args.steps, args, s3)
     print(
         f"\n{started}, load {load[0]:.1f} → {os.getloadavg()[0]:.1f}, commit {git_version()}, "
-        f"{args.workers} workers\n"
+        f"{args.workers} workers of {args.worker_memory}, executors of {args.executor_memory}\n"
     )
     print("| size | mode | step | wall | client peak | everything peak |")
     print("|---|---|---|---|---|---|")
