@@ -29,11 +29,7 @@ import argparse
 import contextlib
 import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -44,7 +40,8 @@ from typing import Any
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 
-from lakehouse_assets import Lakehouse, Settings
+from benchmarks.s3 import moto_server, new_bucket
+from lakehouse_assets import Lakehouse
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.defs.freshness import freshness_checks
 from lakehouse_assets.defs.ingest import mapping_changes
@@ -52,7 +49,6 @@ from lakehouse_assets.defs.partitions import DATASETS
 from lakehouse_assets.defs.queue import queue_items
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.defs.sensors import archive_files, journal_writes, new_datasets
-from lakehouse_assets.storage import s3_client
 from lakehouse_assets.tags import Tags
 
 SENSORS = [
@@ -127,46 +123,13 @@ def local_lake(work: Path) -> Lakehouse:
 
 @contextlib.contextmanager
 def s3_lake(work: Path) -> Iterator[Lakehouse]:
-    """A lake in a bucket of a moto_server started here (stopped by its PID)."""
-    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent))
-    if exe is None:
-        raise SystemExit("moto_server not installed: pip install 'moto[server]'")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    proc = subprocess.Popen(
-        [exe, "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("moto_server did not start") from None
-                time.sleep(0.1)
-        settings = Settings(
-            s3_endpoint_url=f"http://127.0.0.1:{port}",
-            s3_access_key_id="testing",
-            s3_secret_access_key="testing",
-            s3_region="us-east-1",
-        )
-        bucket = f"lake-{uuid.uuid4().hex[:12]}"
-        s3_client(settings).create_bucket(Bucket=bucket)
+    """A lake in a bucket of a moto_server started here."""
+    with moto_server() as settings:
         yield Lakehouse(
-            f"s3://{bucket}/lake",
+            f"s3://{new_bucket(settings)}/lake",
             settings=settings,
             journal_url=f"sqlite:///{work / 'journal-s3.sqlite'}",
         )
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
 
 
 def fill(lake: Lakehouse, count: int) -> list[str]:

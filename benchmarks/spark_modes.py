@@ -44,13 +44,10 @@ import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +65,8 @@ from benchmarks.peer import (
     say,
     session_members,
 )
+from benchmarks.s3 import moto_server, new_bucket
+from lakehouse_assets.settings import Settings
 
 POSTGRES = os.environ.get(
     "LAKEHOUSE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -115,54 +114,14 @@ def _drop_database(url: str) -> None:
     engine.dispose()
 
 
-@contextlib.contextmanager
-def _s3_server() -> Iterator[dict[str, str]]:
-    """A loopback moto_server (stopped by its PID): the lake's S3 settings."""
-    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent))
-    if exe is None:
-        sys.exit("moto_server not installed: pip install 'moto[server]'")
-    port = free_port()
-    proc = subprocess.Popen(
-        [exe, "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    sys.exit("moto_server did not start")
-                time.sleep(0.1)
-        yield {
-            "LAKEHOUSE_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-            "LAKEHOUSE_S3_ACCESS_KEY_ID": "testing",
-            "LAKEHOUSE_S3_SECRET_ACCESS_KEY": "testing",
-            "LAKEHOUSE_S3_REGION": "us-east-1",
-        }
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-
-
-def _bucket(s3: dict[str, str]) -> str:
-    from lakehouse_assets.settings import Settings
-    from lakehouse_assets.storage import s3_client
-
-    settings = Settings(
-        s3_endpoint_url=s3["LAKEHOUSE_S3_ENDPOINT_URL"],
-        s3_access_key_id=s3["LAKEHOUSE_S3_ACCESS_KEY_ID"],
-        s3_secret_access_key=s3["LAKEHOUSE_S3_SECRET_ACCESS_KEY"],
-        s3_region=s3["LAKEHOUSE_S3_REGION"],
-    )
-    bucket = f"lake-{uuid.uuid4().hex[:12]}"
-    s3_client(settings).create_bucket(Bucket=bucket)
-    return bucket
+def _s3_env(settings: Settings) -> dict[str, str]:
+    """The loopback S3 server's settings as a child's environment."""
+    return {
+        "LAKEHOUSE_S3_ENDPOINT_URL": str(settings.s3_endpoint_url),
+        "LAKEHOUSE_S3_ACCESS_KEY_ID": str(settings.s3_access_key_id),
+        "LAKEHOUSE_S3_SECRET_ACCESS_KEY": str(settings.s3_secret_access_key),
+        "LAKEHOUSE_S3_REGION": str(settings.s3_region),
+    }
 
 
 def _deps_python(folder: Path) -> Path:
@@ -238,12 +197,12 @@ class Daemons:
 
 
 def measure(
-    size: str, data: Path, mode: str, steps: str, args: argparse.Namespace, s3: dict[str, str]
+    size: str, data: Path, mode: str, steps: str, args: argparse.Namespace, s3: Settings
 ) -> list[Figure]:
     work = Path(tempfile.mkdtemp(prefix=f"spark-modes-{mode}-", dir=args.workdir))
     base = {
         **clean_env(),
-        **s3,
+        **_s3_env(s3),
         "LAKEHOUSE_CACHE_DIR": str(work / "cache"),
         "LAKEHOUSE_SPARK_CLUSTER_WORKER_MEMORY": args.worker_memory,
         "LAKEHOUSE_SPARK_EXECUTOR_MEMORY": args.executor_memory,
@@ -266,7 +225,7 @@ def measure(
                     "LAKEHOUSE_SPARK_EXECUTOR_PYTHON": str(args.executor_python),
                 }
                 client["LAKEHOUSE_SPARK_REMOTE"] = daemons.connect(server)
-        uri = f"s3://{_bucket(s3)}/lake"
+        uri = f"s3://{new_bucket(s3)}/lake"
         daemons.cli("--lake", uri, "datasets", "create", "bench", env=client, name="create")
         lake = ["--lake", uri, "-d", "bench"]
         written = daemons.cli(
@@ -349,7 +308,7 @@ def main() -> None:
         )
     started, load = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), os.getloadavg()
     figures: list[Figure] = []
-    with _s3_server() as s3:
+    with moto_server() as s3:
         for size in sizes:
             data = args.kek if size == "kek" else DATA_DIR / f"kek-{int(size)}.ftm.json"
             if size != "kek":
