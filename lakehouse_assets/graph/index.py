@@ -158,16 +158,22 @@ def _live_edges(ds: DatasetContext, snapshot: DatasetSnapshot) -> Iterator[_Live
     )
     log = arrow_dataset(snapshot.translog.files, TRANSLOG_SCHEMA, options)
 
-    def scan(data: Any, columns: list[str]) -> pa.RecordBatchReader:
+    def scan(data: Any, columns: list[str], rows: pc.Expression | None) -> pa.RecordBatchReader:
         # pyarrow's default read-ahead (4 files, 16 batches) is outside DuckDB's
-        # memory limit and held most of a 1M-statement table at once
+        # memory limit and held most of a 1M-statement table at once; the row
+        # filter is pyarrow's (its Parquet statistics skip row groups), as
+        # DuckDB pushed it down when it scanned the datasets itself
         return data.scanner(
-            columns=columns, batch_size=64 * 1024, batch_readahead=2, fragment_readahead=1
+            columns=columns,
+            filter=rows,
+            batch_size=64 * 1024,
+            batch_readahead=2,
+            fragment_readahead=1,
         ).to_reader()
 
     keys = ["origin", "id"]
     with bounded_duckdb(ds.settings) as con:
-        con.register("log", scan(log, [*keys, "deleted_at"]))
+        con.register("log", scan(log, [*keys, "deleted_at"], pc.field("deleted_at").is_valid()))
         con.execute(
             "CREATE TEMP TABLE dead AS SELECT DISTINCT origin, id FROM log "
             "WHERE deleted_at IS NOT NULL"
@@ -176,13 +182,14 @@ def _live_edges(ds: DatasetContext, snapshot: DatasetSnapshot) -> Iterator[_Live
         if not con.execute("SELECT count(*) FROM dead").fetchone()[0]:  # type: ignore[index]
             live = "true"
         columns = [*keys, "prop", "prop_type", "canonical_id", "value", "schema"]
-        con.register("main", scan(main, columns))  # a stream: read once per query
+        # a stream is read once: one per query
+        con.register("main", scan(main, columns, pc.field("prop_type") == "entity"))
         con.execute(
             "CREATE TABLE edges AS SELECT prop, canonical_id AS source, value AS target, "
             "id AS edge_id, origin, schema AS source_schema, 0::BIGINT AS generation "
             f"FROM main m WHERE prop_type = 'entity' AND {live}"
         )
-        con.register("main", scan(main, columns))
+        con.register("main", scan(main, [*keys, "canonical_id"], None))
         found = con.execute(
             "SELECT count(*) FROM edges WHERE target NOT IN "
             f"(SELECT canonical_id FROM main m WHERE {live})"
