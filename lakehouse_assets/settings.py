@@ -155,7 +155,8 @@ class Settings(BaseSettings):
     )
     duckdb_memory_limit: str = Field(
         default="256MB",
-        pattern=r"^[0-9]+(\.[0-9]+)?\s*(KB|MB|GB|KiB|MiB|GiB)$",
+        # more than nothing: DuckDB with no memory fails every query it is given
+        pattern=r"^([1-9][0-9]*(\.[0-9]+)?|0\.[0-9]*[1-9][0-9]*)\s*(KB|MB|GB|KiB|MiB|GiB)$",
         description=(
             "The memory limit of DuckDB where it works on whole tables in this process "
             "(the graph index's rebuild, a version's diff and live count), spilling to a "

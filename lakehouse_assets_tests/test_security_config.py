@@ -308,6 +308,17 @@ def test_a_bad_setting_in_the_environment_is_one_line(
 
 
 @pytest.mark.s3
+@pytest.mark.parametrize("limit", ["256MB", "1.5GB", "0.5 GiB", "512KiB"])
+def test_the_duckdb_memory_limit_takes_a_size(limit: str) -> None:
+    assert Settings(duckdb_memory_limit=limit).duckdb_memory_limit == limit
+
+
+@pytest.mark.parametrize("limit", ["0MB", "0.0GB", "-1GB", "lots", "1 TB", "256", "1e3MB"])
+def test_the_duckdb_memory_limit_refuses_what_is_not_a_size(limit: str) -> None:
+    with pytest.raises(InvalidSettingError, match="duckdb_memory_limit"):
+        Settings(duckdb_memory_limit=limit)
+
+
 def test_config_bounds_on_an_s3_lake(s3_settings: Settings) -> None:
     uri = f"s3://{make_bucket(s3_settings)}/lake"
     store = Lakehouse(uri, settings=s3_settings).store
