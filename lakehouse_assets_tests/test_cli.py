@@ -442,14 +442,18 @@ def test_long_commands_say_what_they_do_and_spark_stays_quiet(
     exe = str(Path(sys.executable).parent / "lakehouse")
     env = {k: v for k, v in os.environ.items() if k != "LAKEHOUSE_SPARK_REMOTE"}
     env["LAKEHOUSE_CACHE_DIR"] = str(tmp_path / "cache")
+
+    def flush() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [exe, "--lake", str(tmp_path / "lake"), "-d", "talk", "flush"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+
     ds.add_entity({"id": "p4", "schema": "Person", "properties": {"name": ["Di"]}})
-    small = subprocess.run(
-        [exe, "--lake", str(tmp_path / "lake"), "-d", "talk", "flush"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    small = flush()
     assert small.returncode == 0, small.stderr
     assert json.loads(small.stdout)["new"] == 2
     assert not (tmp_path / "cache" / "spark-driver.log").exists()  # no JVM started
@@ -457,13 +461,7 @@ def test_long_commands_say_what_they_do_and_spark_stays_quiet(
     # JVM noise on stderr, unless -v
     env["LAKEHOUSE_FLUSH_DRIVER_ROWS"] = "0"
     ds.add_entity({"id": "p3", "schema": "Person", "properties": {"name": ["Cy"]}})
-    quiet = subprocess.run(
-        [exe, "--lake", str(tmp_path / "lake"), "-d", "talk", "flush"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    quiet = flush()
     assert quiet.returncode == 0, quiet.stderr
     assert json.loads(quiet.stdout)["new"] == 2
     noise = [line for line in quiet.stderr.splitlines() if "WARN" in line or "WARNING" in line]
