@@ -34,9 +34,28 @@ NOBODY = 65534
 #: Runs a command as uid/gid 65534 (Python's own ``user=`` could not exec this
 #: venv's interpreter here, a link into root's home, where setpriv can).
 AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+
+
+def _another_user_can_run_this_python() -> bool:
+    """Whether uid 65534 finds pyspark and this package through this Python:
+    not when the checkout or its venv sits in a folder only its owner may
+    enter (a ``mktemp -d`` clone is 0700)."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        return False
+    probe = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('pyspark') and u.find_spec('lakehouse_assets') else 1)"
+    try:
+        done = subprocess.run(
+            [*AS_NOBODY, sys.executable, "-c", probe], capture_output=True, cwd="/tmp", timeout=60
+        )
+    except OSError:
+        return False
+    return done.returncode == 0
+
+
 as_root = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("setpriv"),
-    reason="needs root and setpriv to run a client as another user",
+    not _another_user_can_run_this_python(),
+    reason="needs root, setpriv, and a checkout whose Python, pyspark and package "
+    "another user (uid 65534) can read, to run a client as that user",
 )
 
 #: A client in its own process: tries each URL with a bare pyspark Connect
