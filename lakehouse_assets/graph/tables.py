@@ -15,7 +15,14 @@ import pyarrow.compute as pc
 from deltalake import BloomFilterProperties, ColumnProperties, WriterProperties
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.tables.delta import CommitFence, DeltaLocation, add_actions, fenced_write
+from lakehouse_assets.tables.delta import (
+    CommitFence,
+    DeltaLocation,
+    add_actions,
+    commit,
+    fenced_write,
+)
+from lakehouse_assets.tables.parquet_files import TableFileWriter
 
 if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
@@ -101,17 +108,62 @@ def _write(
     if table == TOMBSTONES:
         fenced_write(location, data, mode=mode, fence=fence, metadata=metadata)
         return
+    if isinstance(data, pa.RecordBatchReader):
+        _write_sorted(location, data, lookup, mode, metadata, fence)
+        return
     fenced_write(
         location,
-        data
-        if isinstance(data, pa.RecordBatchReader)
-        else data.sort_by([("prop", "ascending"), (lookup, "ascending")]),
+        data.sort_by([("prop", "ascending"), (lookup, "ascending")]),
         mode=mode,
         fence=fence,
         metadata=metadata,
         partition_by=["prop"],
         writer_properties=_writer(lookup),
         target_file_size=FILE_BYTES,
+    )
+
+
+def _write_sorted(
+    location: DeltaLocation,
+    edges: pa.RecordBatchReader,
+    lookup: str,
+    mode: Literal["append", "overwrite"],
+    metadata: dict[str, str],
+    fence: CommitFence,
+) -> None:
+    """A stream of edges sorted by (prop, ``lookup``) written one file at a time
+    (a property's files roll at :data:`FILE_BYTES`) and committed in one
+    fenced transaction; the layout delta-rs's writer gave (zstd, row groups of
+    :data:`ROW_GROUP_ROWS`, bloom filters on ``lookup`` and ``edge_id``).
+
+    delta-rs's own writer kept a partition's writer and its buffers open
+    until the end of the stream: a 10M-statement rebuild peaked at 1.2 GB in
+    the client, most of it there. Files written before a crash or a lost
+    lock are never committed (a vacuum removes them)."""
+    writer = TableFileWriter(
+        location.uri,
+        location.storage_options,
+        EDGE_SCHEMA,
+        partition="prop",
+        prefix="graph",
+        file_bytes=FILE_BYTES,
+        grouped=True,
+        row_group_rows=ROW_GROUP_ROWS,
+        bloom_columns=(lookup, "edge_id"),
+    )
+    try:
+        for batch in edges:
+            writer.write(batch)
+    finally:
+        files = writer.close()
+    commit(
+        location,
+        [f.add_action("prop") for f in files],
+        schema=EDGE_SCHEMA,
+        partition_by=["prop"],
+        mode=mode,
+        fence=fence,
+        metadata=metadata,
     )
 
 

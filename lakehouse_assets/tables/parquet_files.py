@@ -73,7 +73,15 @@ class _Open:
 class TableFileWriter:
     """Writes rows, in the order given, into new files of the table at ``table_uri``:
     one file per partition value (``partition``: a column of ``schema`` kept in
-    the folder name and the Delta log, not in the file)."""
+    the folder name and the Delta log, not in the file).
+
+    ``file_bytes`` starts a new file once one holds that many bytes, and
+    ``grouped`` says the rows come grouped by partition value (a sorted
+    stream): a partition's file is closed as soon as the next value starts,
+    so one file is open at a time and memory does not grow with the number
+    of partitions. ``row_group_rows`` and ``bloom_columns`` default to the
+    statements tables' layout.
+    """
 
     def __init__(
         self,
@@ -83,13 +91,22 @@ class TableFileWriter:
         *,
         partition: str | None = None,
         prefix: str = "part",
+        file_bytes: int | None = None,
+        grouped: bool = False,
+        row_group_rows: int = ROW_GROUP_ROWS,
+        bloom_columns: tuple[str, ...] = BLOOM_COLUMNS,
     ) -> None:
         self.fs, self.root = arrow_filesystem(table_uri, storage_options)
         self.schema = schema
         self.partition = partition
         self.prefix = prefix
+        self.file_bytes = file_bytes
+        self.grouped = grouped
+        self.row_group_rows = row_group_rows
+        self.bloom_columns = tuple(c for c in bloom_columns if c != partition)
         self.stored = pa.schema([f for f in schema if f.name != partition])
         self._open: dict[str | None, _Open] = {}
+        self._written: list[WrittenFile] = []
 
     def _writer(self, value: str | None) -> _Open:
         if value not in self._open:
@@ -104,8 +121,8 @@ class TableFileWriter:
                 compression="zstd",
                 metadata_collector=collector,
                 bloom_filter_options={
-                    c: {"ndv": ROW_GROUP_ROWS, "fpp": BLOOM_FPP}
-                    for c in BLOOM_COLUMNS
+                    c: {"ndv": self.row_group_rows, "fpp": BLOOM_FPP}
+                    for c in self.bloom_columns
                     if c in self.stored.names
                 },
             )
@@ -126,18 +143,29 @@ class TableFileWriter:
         for value, part in groups:
             if self.partition is not None:
                 part = part.drop_columns([self.partition])
-            self._writer(value).writer.write_table(part, row_group_size=ROW_GROUP_ROWS)
+            if self.grouped:
+                for other in [v for v in self._open if v != value]:
+                    self._finish(other)
+            open_file = self._writer(value)
+            open_file.writer.write_table(part, row_group_size=self.row_group_rows)
+            if self.file_bytes is not None and open_file.sink.tell() >= self.file_bytes:
+                self._finish(value)
+
+    def _finish(self, value: str | None) -> None:
+        open_file = self._open.pop(value)
+        open_file.writer.close()
+        size = open_file.sink.tell()
+        open_file.sink.close()
+        meta = open_file.collector[0]
+        self._written.append(
+            WrittenFile(open_file.rel, size, value, file_stats(meta), meta.num_rows)
+        )
 
     def close(self) -> list[WrittenFile]:
         """Finish every file (on S3 each object appears now, complete)."""
-        written = []
-        for value, open_file in self._open.items():
-            open_file.writer.close()
-            size = open_file.sink.tell()
-            open_file.sink.close()
-            meta = open_file.collector[0]
-            written.append(WrittenFile(open_file.rel, size, value, file_stats(meta), meta.num_rows))
-        self._open = {}
+        for value in list(self._open):
+            self._finish(value)
+        written, self._written = self._written, []
         return written
 
 
