@@ -12,6 +12,9 @@ temporary folder that goes with the connection.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,3 +49,17 @@ def bounded_duckdb(settings: Settings, *, threads: int = 2) -> Iterator[duckdb.D
             yield con
         finally:
             con.close()
+
+
+def give_back_freed_memory() -> None:
+    """Hand back to the system what a whole-table pass freed, before the next
+    part of the step starts: Arrow's memory pool keeps freed buffers for
+    reuse and glibc's malloc keeps freed heap pages, so the process kept the
+    peak of the pass through the rest of the step (a graph rebuild at 10M
+    statements: ~80 MiB of the client)."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # not glibc (musl...)
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
