@@ -160,10 +160,11 @@ def _live_edges(ds: DatasetContext, snapshot: DatasetSnapshot) -> Iterator[_Live
     the translog says is dead ("no deletion time", as
     :func:`query.live_statements` has it), counts and sorts from those files
     with its own reader, within its memory limit. Nothing whole is held in
-    this process. At 10M statements on S3 this halved the rebuild (one read
-    of the table, not two) and kept it under 1 GB: an Arrow stream scanned
-    by DuckDB into a table of its own held ~0.45 GB more than the table's
-    size, much of it outside DuckDB's limit.
+    this process. At 10M statements on S3 the rebuild went from 60 to 35 s
+    (one read of the table, not two) and its client from 1.04 GB to 0.87 GB
+    (with DuckDB's default 128MB): an Arrow stream scanned by DuckDB into a
+    table of its own held ~0.45 GB more than the table's size, much of it
+    outside DuckDB's limit.
     """
     import pyarrow.parquet as pq
 
@@ -216,21 +217,21 @@ def _live_edges(ds: DatasetContext, snapshot: DatasetSnapshot) -> Iterator[_Live
         del main, log
         forget_footers()
         give_back_freed_memory()
-        edges = f"read_parquet('{edges_file}')"
-        ids = f"read_parquet('{ids_file}')"
+        edges_sql = f"read_parquet('{edges_file}')"
+        ids_sql = f"read_parquet('{ids_file}')"
         if any_dead:
             dead = "EXISTS (SELECT 1 FROM dead d WHERE d.origin = {t}.origin AND d.id = {t}.{id})"
             con.execute(
-                f"CREATE VIEW edges AS SELECT * FROM {edges} e "
+                f"CREATE VIEW edges AS SELECT * FROM {edges_sql} e "
                 f"WHERE NOT {dead.format(t='e', id='edge_id')}"
             )
             con.execute(
-                f"CREATE VIEW live_ids AS SELECT canonical_id FROM {ids} m "
+                f"CREATE VIEW live_ids AS SELECT canonical_id FROM {ids_sql} m "
                 f"WHERE NOT {dead.format(t='m', id='id')}"
             )
         else:
-            con.execute(f"CREATE VIEW edges AS SELECT * FROM {edges}")
-            con.execute(f"CREATE VIEW live_ids AS SELECT canonical_id FROM {ids}")
+            con.execute(f"CREATE VIEW edges AS SELECT * FROM {edges_sql}")
+            con.execute(f"CREATE VIEW live_ids AS SELECT canonical_id FROM {ids_sql}")
         found = con.execute(
             "SELECT count(*) FROM edges WHERE target NOT IN (SELECT canonical_id FROM live_ids)"
         ).fetchone()
