@@ -93,8 +93,8 @@ class TableFileWriter:
         prefix: str = "part",
         file_bytes: int | None = None,
         grouped: bool = False,
-        row_group_rows: int = ROW_GROUP_ROWS,
-        bloom_columns: tuple[str, ...] = BLOOM_COLUMNS,
+        row_group_rows: int | None = None,
+        bloom_columns: tuple[str, ...] | None = None,
     ) -> None:
         self.fs, self.root = arrow_filesystem(table_uri, storage_options)
         self.schema = schema
@@ -102,8 +102,12 @@ class TableFileWriter:
         self.prefix = prefix
         self.file_bytes = file_bytes
         self.grouped = grouped
-        self.row_group_rows = row_group_rows
-        self.bloom_columns = tuple(c for c in bloom_columns if c != partition)
+        # the module's values are read here, not bound as defaults, so the
+        # layout follows them (a test shrinks ROW_GROUP_ROWS to get many groups)
+        self.row_group_rows = row_group_rows or ROW_GROUP_ROWS
+        self.bloom_columns = tuple(
+            c for c in (BLOOM_COLUMNS if bloom_columns is None else bloom_columns) if c != partition
+        )
         self.stored = pa.schema([f for f in schema if f.name != partition])
         self._open: dict[str | None, _Open] = {}
         self._written: list[WrittenFile] = []
