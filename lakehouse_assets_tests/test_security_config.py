@@ -307,7 +307,6 @@ def test_a_bad_setting_in_the_environment_is_one_line(
 # --- the S3 lake ---------------------------------------------------------------------
 
 
-@pytest.mark.s3
 @pytest.mark.parametrize("limit", ["256MB", "1.5GB", "0.5 GiB", "512KiB"])
 def test_the_duckdb_memory_limit_takes_a_size(limit: str) -> None:
     assert Settings(duckdb_memory_limit=limit).duckdb_memory_limit == limit
@@ -319,6 +318,7 @@ def test_the_duckdb_memory_limit_refuses_what_is_not_a_size(limit: str) -> None:
         Settings(duckdb_memory_limit=limit)
 
 
+@pytest.mark.s3
 def test_config_bounds_on_an_s3_lake(s3_settings: Settings) -> None:
     uri = f"s3://{make_bucket(s3_settings)}/lake"
     store = Lakehouse(uri, settings=s3_settings).store
