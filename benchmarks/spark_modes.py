@@ -28,7 +28,8 @@ fresh ``lakehouse`` process as a user types it:
 and the graph index); ``--steps each`` times ``flush``, ``export all``,
 ``optimize`` and ``graph rebuild`` one by one (the version is published by
 the export); ``--steps graph`` only ``flush`` and ``graph rebuild`` (the
-rebuild runs in the client in every mode: DuckDB and delta-rs, no Spark). For every step: wall time, the peak resident memory of the
+rebuild runs in the client in every mode: pyarrow and DuckDB, no Spark).
+For every step: wall time, the peak resident memory of the
 client's process tree (the CLI, and its driver JVM where it has one) and of
 everything (the client plus the Connect server's and the cluster's daemons,
 executors and Python workers, summed at the same instants; sampled every

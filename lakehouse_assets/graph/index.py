@@ -198,7 +198,7 @@ def _live_edges(ds: DatasetContext, snapshot: DatasetSnapshot) -> Iterator[_Live
         any_dead = bool(con.execute("SELECT count(*) FROM dead").fetchone()[0])  # type: ignore[index]
         edges_file, ids_file = f"{folder}/edges.parquet", f"{folder}/ids.parquet"
         # with nothing dead, an entity's id once per batch is all the count needs
-        ids_schema = _IDS_SCHEMA if any_dead else _IDS_SCHEMA.remove(0).remove(0)
+        ids_schema = _IDS_SCHEMA if any_dead else pa.schema([_IDS_SCHEMA.field("canonical_id")])
         columns = [*keys, "prop", "prop_type", "canonical_id", "value", "schema"]
         with (
             pq.ParquetWriter(edges_file, EDGE_SCHEMA, compression="lz4") as edges_out,
