@@ -368,6 +368,72 @@ def test_reduce_events_follows_the_rule(
                 assert rows[key][column] == value, (key, column)
 
 
+_log_row = st.tuples(
+    st.sampled_from(["a", "b"]),  # origin
+    st.sampled_from(["s1", "s2", "s3", "s4", "s5"]),  # statement id
+    st.integers(0, 3),  # bucket
+    st.integers(1, 5),  # first_seen
+    st.integers(1, 5),  # last_seen - first_seen
+    st.sampled_from([None, "2026-02-01T00:00:00"]),  # deleted_at
+    st.sampled_from(["t1", "t2"]),  # tenant
+)
+
+
+@settings(max_examples=examples(50, 500), deadline=None)
+@given(stored=st.lists(_log_row, max_size=12), updates=st.lists(_log_row, max_size=8))
+def test_merge_rows_follows_the_rule(
+    stored: list[tuple[Any, ...]], updates: list[tuple[Any, ...]]
+) -> None:
+    """The driver's translog merge (:func:`.tables.translog.merge_rows`, which
+    joins only the stored rows an update touches) applies the rule to every
+    row: the seen range widens, the deletion and last tenant are the update's,
+    the first tenant the stored row's; untouched rows are kept as they are;
+    the result is sorted as a file's rows are."""
+    from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
+    from lakehouse_assets.tables.translog import merge_rows
+
+    def table(
+        rows: list[tuple[Any, ...]],
+    ) -> tuple[pa.Table, dict[tuple[str, str], dict[str, Any]]]:
+        unique = {}
+        for origin, sid, bucket, first, span, deleted, tenant in rows:
+            unique[(origin, sid)] = {
+                "id": sid,
+                "bucket": bucket,
+                "first_seen": f"2026-01-0{first}T00:00:00",
+                "last_seen": f"2026-01-{first + span:02d}T00:00:00",
+                "deleted_at": deleted,
+                "origin": origin,
+                "first_tenant": tenant,
+                "first_write": f"w-{tenant}",
+                "last_tenant": tenant,
+                "last_write": f"w-{tenant}",
+            }
+        return pa.Table.from_pylist(list(unique.values()), schema=TRANSLOG_SCHEMA), unique
+
+    stored_table, old = table(stored)
+    update_table, new = table(updates)
+    got = merge_rows(stored_table, update_table).to_pylist()
+    want = dict(old)
+    for key, row in new.items():
+        if key not in old:
+            want[key] = row
+            continue
+        want[key] = {
+            **row,
+            "first_seen": min(old[key]["first_seen"], row["first_seen"]),
+            "last_seen": max(old[key]["last_seen"], row["last_seen"]),
+            "first_tenant": old[key]["first_tenant"],
+            "first_write": old[key]["first_write"],
+        }
+    assert sorted(got, key=lambda r: (r["origin"], r["id"])) == sorted(
+        want.values(), key=lambda r: (r["origin"], r["id"])
+    )
+    assert [(r["bucket"], r["origin"], r["id"]) for r in got] == sorted(
+        (r["bucket"], r["origin"], r["id"]) for r in got
+    )
+
+
 def test_a_flush_tasks_worker_imports_no_followthemoney() -> None:
     """Spark keeps a Python worker per running task and per data-source planner;
     each imports what unpickling its task needs. The journal source's task
@@ -614,3 +680,78 @@ def test_the_driver_and_spark_flush_a_batch_alike(
         assert state(datasets["driver"]) == state(datasets["spark"])
     # every batch of the driver's lake took the driver's path, none of the other's
     assert took == [True] * flushed
+
+
+def test_a_change_spread_over_every_file_is_merged_on_the_driver_up_to_its_bound(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: a daily change of a large table holds a statement in every
+    translog file. Up to ``flush_driver_merge_rows`` stored rows the driver
+    merges it, file by file and a batch of rows at a time (no Spark job);
+    beyond, Spark does. Both give the same tables, counts and change feed."""
+    from lakehouse_assets import flush as flush_module
+    from lakehouse_assets.settings import Settings
+    from lakehouse_assets.tables import parquet_files, probe
+    from lakehouse_assets.tables.schemas import CHANGES_SCHEMA
+    from lakehouse_assets.tables.snapshot import read_files
+
+    # many small row groups, and probes that read them a few rows at a time
+    monkeypatch.setattr(parquet_files, "ROW_GROUP_ROWS", 8)
+    monkeypatch.setattr(probe, "READ_BATCH_ROWS", 5)
+    took: list[bool] = []
+    real = flush_module._flush_batch_on_driver
+
+    def recorded(*args: Any, **kwargs: Any) -> bool:
+        took.append(real(*args, **kwargs))
+        return took[-1]
+
+    monkeypatch.setattr(flush_module, "_flush_batch_on_driver", recorded)
+
+    def person(i: int, *names: str) -> dict[str, Any]:
+        return {
+            "id": f"p{i}",
+            "schema": "Person",
+            "properties": {"name": [f"P {i}", *names]},
+            "first_seen": "2024-01-01T00:00:00",
+            "last_seen": f"2024-0{2 + len(names)}-01T00:00:00",
+        }
+
+    def run(name: str, bound: int) -> tuple[Any, ...]:
+        lake = Lakehouse(tmp_path / name, journal_url=f"sqlite:///{tmp_path / name}.sqlite")
+        ds = lake.create_dataset("spread")
+        for group in range(4):  # four flushes of new entities: four translog files
+            for i in range(group * 40, group * 40 + 40):
+                ds.add_entity(person(i), origin="import")
+            ds.flush()
+        assert len(Snapshot.load(ds.translog_table).files) == 4
+        took.clear()
+        lake.settings.flush_driver_merge_rows = bound
+        # the change: entities of every file written again, some deleted, some new
+        for i in range(0, 160, 7):
+            ds.add_entity(person(i, "again"), origin="import")
+        for i in range(3, 160, 11):
+            ds.delete_entity(f"p{i}", origin="import")
+        for i in range(500, 510):
+            ds.add_entity(person(i), origin="import")
+        done = ds.flush()
+        log = [
+            (r["origin"], r["id"], r["bucket"], r["first_seen"], r["last_seen"])
+            + (r["deleted_at"] is None,)
+            for r in table_rows(ds, "translog")
+        ]
+        changes = Snapshot.load(ds.changes_table)
+        feed_rows = sorted(
+            tuple(str(r[c]) for c in ("translog_version", "change", "origin", "id"))
+            for r in read_files(
+                changes.files, CHANGES_SCHEMA, ds.changes_table.storage_options
+            ).to_pylist()
+        )
+        counts = (done.new, done.duplicates, done.tombstones, done.translog_files_rewritten)
+        return took[:], counts, table_rows(ds), log, feed_rows
+
+    driver = run("driver", Settings().flush_driver_merge_rows)
+    spark_run = run("spark", 1)
+    assert driver[0] == [True] and spark_run[0] == [False]  # each took its path
+    assert driver[1][3] == 4  # every translog file merged again
+    assert driver[1:] == spark_run[1:]
+    assert driver[1][0] > 0 and driver[1][1] > 0 and driver[1][2] > 0

@@ -24,7 +24,9 @@ writer's files) make their row groups candidates.
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -37,6 +39,12 @@ from lakehouse_assets.tables.snapshot import (
     _row_group_index,
     arrow_filesystem,
 )
+
+#: Files a probe reads at once at most (one per core up to this).
+MAX_THREADS = 4
+
+#: Rows a probe reads at a time (of one file's candidate row groups).
+READ_BATCH_ROWS = 262_144
 
 #: A probe reads at most this share of the files' row groups; more means the
 #: batch is spread over most of the table, and a scan is the cheaper read.
@@ -139,26 +147,37 @@ def probe(
     target = pa.schema([*(schema.field(n) for n in names), pa.field("_file", pa.string())])
     pairs = keys.select(["origin", "id"]).group_by(["origin", "id"]).aggregate([])
     ids = pc.unique(keys.column("id"))
-    parts = []
-    for f, index, groups in plan:
+
+    def matches_of(item: tuple[DataFile, RowGroupIndex, list[int]]) -> pa.Table:
+        f, index, groups = item
         stored = [n for n in names if n != partition and n in index.columns]
         fs, path = arrow_filesystem(f.uri, storage_options)
+        stored_schema = pa.schema([schema.field(n) for n in stored])
+        matches = []
         with fs.open_input_file(path) as handle:
-            table = pq.ParquetFile(handle, metadata=index.metadata).read_row_groups(
-                groups, columns=stored
+            # a batch at a time, only the matches kept: memory is a batch's,
+            # not the file's, whatever share of it the keys spread over
+            batches = pq.ParquetFile(handle, metadata=index.metadata).iter_batches(
+                batch_size=READ_BATCH_ROWS, row_groups=groups, columns=stored
             )
-        table = table.cast(pa.schema([schema.field(n) for n in stored]))
-        table = table.filter(pc.is_in(table.column("id"), value_set=ids))
+            for batch in batches:
+                part = pa.Table.from_batches([batch]).cast(stored_schema)
+                matches.append(part.filter(pc.is_in(part.column("id"), value_set=ids)))
+        table = pa.concat_tables(matches) if matches else stored_schema.empty_table()
         for name in names:
             if name not in stored:
                 value = f.partition_values.get(name) if name == partition else None
                 table = table.append_column(
                     name, pa.array([value] * table.num_rows, schema.field(name).type)
                 )
-        table = table.select(names).append_column(
+        return table.select(names).append_column(
             "_file", pa.array([f.path] * table.num_rows, pa.string())
         )
-        parts.append(table)
+
+    # pyarrow's reads and filters let go of the GIL: a file per core at a time
+    threads = max(1, min(len(plan), os.cpu_count() or 1, MAX_THREADS))
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        parts = list(pool.map(matches_of, plan))
     rows = pa.concat_tables(parts) if parts else target.empty_table()
     rows = rows.join(pairs, keys=["origin", "id"], join_type="inner").select(target.names)
     return Probe(
