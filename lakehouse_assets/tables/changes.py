@@ -16,10 +16,23 @@ import pyarrow.compute as pc
 
 from lakehouse_assets.tables.duck import bounded_duckdb
 from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
-from lakehouse_assets.tables.snapshot import DatasetSnapshot, arrow_dataset
+from lakehouse_assets.tables.snapshot import (
+    DataFile,
+    DatasetSnapshot,
+    _row_group_index,
+    arrow_dataset,
+)
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from lakehouse_assets.context import DatasetContext
+
+#: Rows of both sides a slice of the comparison joins at most: a whole rewritten
+#: translog of 10M statements in one join ran out of DuckDB's 128MB limit
+SLICE_ROWS = 1_000_000
+#: every bucket (a slice's bounds where a file has no bucket statistics)
+_ALL_BUCKETS = (-(2**31), 2**31 - 1)
 
 
 def changed_translog_rows(
@@ -46,19 +59,28 @@ def changed_translog_rows(
 
     def side(name: str, alias: str) -> str:
         fields = ", ".join(f"coalesce({c}, '') AS {c}" if c in times else c for c in cols)
-        return f"{alias} AS (SELECT {fields} FROM {name})"
+        return f"{alias} AS (SELECT {fields} FROM {name} WHERE bucket BETWEEN $lo AND $hi)"
 
     differs = " OR ".join(f"n.{c} <> o.{c}" for c in cols if c not in ("origin", "id"))
     picked = ", ".join([*(f"n.{c} AS n_{c}" for c in cols), *(f"o.{c} AS o_{c}" for c in cols)])
-    # a whole rewritten translog (optimize) joins all its rows: in the memory limit
+    query = (
+        f"WITH {side('new_side', 'n')}, {side('old_side', 'o')} "
+        f"SELECT {picked} FROM n FULL OUTER JOIN o ON n.origin = o.origin AND n.id = o.id "
+        f"WHERE n.id IS NULL OR o.id IS NULL OR {differs}"
+    )
+    # A whole rewritten translog (optimize; a daily change holds a row in every
+    # file) joins all its rows: a bucket range at a time, each in the memory limit.
+    # Slicing changes nothing in the result: a statement's two rows are equal
+    # only with the same bucket, so in the same slice; rows of other buckets
+    # differ and are kept on their side either way.
+    slices = _bucket_slices([*added, *removed], options)
+    parts = []
     with bounded_duckdb(ds.settings) as con:
         con.register("new_side", new_side)
         con.register("old_side", old_side)
-        changed = con.execute(
-            f"WITH {side('new_side', 'n')}, {side('old_side', 'o')} "
-            f"SELECT {picked} FROM n FULL OUTER JOIN o ON n.origin = o.origin AND n.id = o.id "
-            f"WHERE n.id IS NULL OR o.id IS NULL OR {differs}"
-        ).to_arrow_table()
+        for lo, hi in slices:
+            parts.append(con.execute(query, {"lo": lo, "hi": hi}).to_arrow_table())
+    changed = pa.concat_tables(parts)
     schema = pa.schema([pa.field(c, TRANSLOG_SCHEMA.field(c).type) for c in cols])
 
     def rows(prefix: str) -> pa.Table:
@@ -66,3 +88,19 @@ def changed_translog_rows(
         return pa.table([present.column(f"{prefix}_{c}") for c in cols], names=cols).cast(schema)
 
     return rows("n"), rows("o")
+
+
+def _bucket_slices(files: Sequence[DataFile], options: Mapping[str, str]) -> list[tuple[int, int]]:
+    """Bucket ranges holding about :data:`SLICE_ROWS` of the files' rows each (the
+    files' rows from their footers, their buckets from the Delta log's statistics;
+    one range of every bucket where a file has none)."""
+    lows = [f.min_bucket for f in files]
+    highs = [f.max_bucket for f in files]
+    if not files or None in lows or None in highs:
+        return [_ALL_BUCKETS]
+    key = tuple(sorted(options.items()))
+    rows = sum(_row_group_index(f.uri, key).metadata.num_rows for f in files)
+    lo, hi = min(b for b in lows if b is not None), max(b for b in highs if b is not None)
+    count = max(1, min(hi - lo + 1, -(-rows // SLICE_ROWS)))
+    step = -(-(hi - lo + 1) // count)
+    return [(start, min(hi, start + step - 1)) for start in range(lo, hi + 1, step)]
