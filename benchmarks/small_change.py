@@ -39,6 +39,9 @@ def main() -> None:
     parser.add_argument("--entities", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--warm", action="store_true", help="on a Spark Connect server")
+    parser.add_argument(
+        "--seed-offset", type=int, default=0, help="another run on the same base: other entities"
+    )
     args = parser.parse_args()
     n = args.statements
     data = write_data(DATA_DIR / f"kek-{n}.ftm.json", n)
@@ -71,7 +74,9 @@ def main() -> None:
         for number in range(1, args.rounds + 1):
             changed = logs / f"change-{number}.ftm.json"
             scale = args.entities * 100 / entities
-            deleted, new, again = change(data, changed, seed=1000 + number, scale=scale)
+            deleted, new, again = change(
+                data, changed, seed=1000 + number + args.seed_offset, scale=scale
+            )
             write = [*on, "entities", "write", "-i", str(changed), "-o", ORIGIN]
             subprocess.run(write, env=env, check=True, capture_output=True)
             subprocess.run(
