@@ -45,7 +45,7 @@ import tempfile
 import threading
 import uuid
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -665,31 +665,12 @@ def _splice(
 
     The old file is read once, front to back, and must hash to ``described``."""
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]) + head
-    old_digest, new_digest = _Hashing("sha256"), _Both()
-    try:
-        return _spliced(
-            ds, path, described, head, offsets, plan, texts, tmp, dropped, old_digest, new_digest
-        )
-    finally:  # (the hashing threads end whatever happened)
-        old_digest.close()
-        new_digest.close()
-
-
-def _spliced(
-    ds: DatasetContext,
-    path: str,
-    described: dict[str, Any],
-    head: int,
-    offsets: np.ndarray[Any, Any],
-    plan: _Plan,
-    texts: Sequence[str],
-    tmp: Path,
-    dropped: list[bytes] | None,
-    old_digest: _Hashing,
-    new_digest: _Both,
-) -> tuple[int, str, int, str]:
     carried = 0
-    with ds.store.open_read(cv.dataset_path(ds.name, path)) as src, open(tmp, "wb") as file:
+    with (
+        _digests() as (old_digest, new_digest),
+        ds.store.open_read(cv.dataset_path(ds.name, path)) as src,
+        open(tmp, "wb") as file,
+    ):
         out = _NewFile(file, src)
         position = 0
         if head:
@@ -714,9 +695,26 @@ def _spliced(
                 dropped.append(chunk)
         file.flush()
         size = file.tell()
-    if position != described["size"] or old_digest.hexdigest() != described["sha256"]:
+        old_sha256, new_sha256, new_sha1 = (
+            old_digest.hexdigest(),
+            new_digest.hexdigest(),
+            new_digest.sha1.hexdigest(),
+        )
+    if position != described["size"] or old_sha256 != described["sha256"]:
         raise StateMismatch(f"{path} is not the file the export state describes")
-    return size, new_digest.hexdigest(), carried, new_digest.sha1.hexdigest()
+    return size, new_sha256, carried, new_sha1
+
+
+@contextlib.contextmanager
+def _digests() -> Iterator[tuple[_Hashing, _Both]]:
+    """A splice's digests: the old file's SHA-256, the new file's two; their
+    threads end with the block, whatever happened in it."""
+    old, new = _Hashing("sha256"), _Both()
+    try:
+        yield old, new
+    finally:
+        old.close()
+        new.close()
 
 
 def refresh(
