@@ -92,7 +92,7 @@ from lakehouse_assets.spark.session import (
 from lakehouse_assets.tables import feed
 from lakehouse_assets.tables.delta import commit, remove_action
 from lakehouse_assets.tables.parquet_files import write_table
-from lakehouse_assets.tables.probe import Probe, probe
+from lakehouse_assets.tables.probe import Probe, file_threads, probe
 from lakehouse_assets.tables.schemas import (
     CHANGES_SCHEMA,
     PROVENANCE_FIELDS,
@@ -780,17 +780,9 @@ def _rewrite_translog_on_driver(
 
     # pyarrow's reads, joins, sorts and writes let go of the GIL: a file per
     # core at a time (a 1% change spread over every file of a large table)
-    with ThreadPoolExecutor(max_workers=_driver_threads(len(parts))) as pool:
+    with ThreadPoolExecutor(max_workers=file_threads(len(parts))) as pool:
         adds = [action for written in pool.map(rewrite, parts) for action in written]
     return _commit_translog(ds, snapshot, files, adds, meta, fence, published)
-
-
-def _driver_threads(tasks: int) -> int:
-    """Threads for ``tasks`` files the driver merges: one per core, at most four
-    (each holds a file's rows a few times over)."""
-    import os
-
-    return max(1, min(tasks, os.cpu_count() or 1, 4))
 
 
 def _record_changes_on_driver(

@@ -40,7 +40,7 @@ from lakehouse_assets.tables.snapshot import (
     arrow_filesystem,
 )
 
-#: Files a probe reads at once at most (one per core up to this).
+#: Files the driver reads or rewrites at once at most (one per core up to this).
 MAX_THREADS = 4
 
 #: Rows a probe reads at a time (of one file's candidate row groups).
@@ -104,6 +104,13 @@ def _candidates(index: RowGroupIndex, keys: _Keys, key_column: str) -> list[int]
         for g in range(index.metadata.num_row_groups)
         if keys.admits(buckets[g], None if bounds is None else bounds[g])
     ]
+
+
+def file_threads(files: int) -> int:
+    """Threads for work on ``files`` files on the driver (a probe's reads, a
+    flush's translog rewrite): one per core, at most :data:`MAX_THREADS`, each
+    holding a file's rows a few times over."""
+    return max(1, min(files, os.cpu_count() or 1, MAX_THREADS))
 
 
 def probe(
@@ -175,8 +182,7 @@ def probe(
         )
 
     # pyarrow's reads and filters let go of the GIL: a file per core at a time
-    threads = max(1, min(len(plan), os.cpu_count() or 1, MAX_THREADS))
-    with ThreadPoolExecutor(max_workers=threads) as pool:
+    with ThreadPoolExecutor(max_workers=file_threads(len(plan))) as pool:
         parts = list(pool.map(matches_of, plan))
     rows = pa.concat_tables(parts) if parts else target.empty_table()
     rows = rows.join(pairs, keys=["origin", "id"], join_type="inner").select(target.names)
