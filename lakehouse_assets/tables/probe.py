@@ -153,37 +153,9 @@ def probe(
     names = ["origin", "id", *(c for c in columns if c not in ("origin", "id"))]
     target = pa.schema([*(schema.field(n) for n in names), pa.field("_file", pa.string())])
     pairs = keys.select(["origin", "id"]).group_by(["origin", "id"]).aggregate([])
-    ids = pc.unique(keys.column("id"))
-
-    def matches_of(item: tuple[DataFile, RowGroupIndex, list[int]]) -> pa.Table:
-        f, index, groups = item
-        stored = [n for n in names if n != partition and n in index.columns]
-        fs, path = arrow_filesystem(f.uri, storage_options)
-        stored_schema = pa.schema([schema.field(n) for n in stored])
-        matches = []
-        with fs.open_input_file(path) as handle:
-            # a batch at a time, only the matches kept: memory is a batch's,
-            # not the file's, whatever share of it the keys spread over
-            batches = pq.ParquetFile(handle, metadata=index.metadata).iter_batches(
-                batch_size=READ_BATCH_ROWS, row_groups=groups, columns=stored
-            )
-            for batch in batches:
-                part = pa.Table.from_batches([batch]).cast(stored_schema)
-                matches.append(part.filter(pc.is_in(part.column("id"), value_set=ids)))
-        table = pa.concat_tables(matches) if matches else stored_schema.empty_table()
-        for name in names:
-            if name not in stored:
-                value = f.partition_values.get(name) if name == partition else None
-                table = table.append_column(
-                    name, pa.array([value] * table.num_rows, schema.field(name).type)
-                )
-        return table.select(names).append_column(
-            "_file", pa.array([f.path] * table.num_rows, pa.string())
-        )
-
-    # pyarrow's reads and filters let go of the GIL: a file per core at a time
-    with ThreadPoolExecutor(max_workers=file_threads(len(plan))) as pool:
-        parts = list(pool.map(matches_of, plan))
+    parts = _read_matches(
+        plan, schema, storage_options, names, partition, "id", pc.unique(keys.column("id"))
+    )
     rows = pa.concat_tables(parts) if parts else target.empty_table()
     rows = rows.join(pairs, keys=["origin", "id"], join_type="inner").select(target.names)
     return Probe(
@@ -192,3 +164,47 @@ def probe(
         row_groups_read=read,
         row_groups_total=total,
     )
+
+
+def _read_matches(
+    plan: Sequence[tuple[DataFile, RowGroupIndex, list[int]]],
+    schema: pa.Schema,
+    storage_options: Mapping[str, str],
+    names: Sequence[str],
+    partition: str | None,
+    match_column: str,
+    values: pa.Array,
+) -> list[pa.Table]:
+    """Per planned file: the rows of its row groups whose ``match_column`` holds
+    one of ``values`` (``names`` and ``_file``)."""
+
+    def matches_of(item: tuple[DataFile, RowGroupIndex, list[int]]) -> pa.Table:
+        f, index, groups = item
+        stored = [n for n in names if n != partition and n in index.columns]
+        read = stored if match_column in stored else [*stored, match_column]
+        fs, path = arrow_filesystem(f.uri, storage_options)
+        read_schema = pa.schema([schema.field(n) for n in read])
+        matches = []
+        with fs.open_input_file(path) as handle:
+            # a batch at a time, only the matches kept: memory is a batch's,
+            # not the file's, whatever share of it the keys spread over
+            batches = pq.ParquetFile(handle, metadata=index.metadata).iter_batches(
+                batch_size=READ_BATCH_ROWS, row_groups=groups, columns=read
+            )
+            for batch in batches:
+                part = pa.Table.from_batches([batch]).cast(read_schema)
+                matches.append(part.filter(pc.is_in(part.column(match_column), value_set=values)))
+        table = pa.concat_tables(matches) if matches else read_schema.empty_table()
+        for name in names:
+            if name not in stored:
+                value = f.partition_values.get(name) if name == partition else None
+                table = table.append_column(
+                    name, pa.array([value] * table.num_rows, schema.field(name).type)
+                )
+        return table.select(list(names)).append_column(
+            "_file", pa.array([f.path] * table.num_rows, pa.string())
+        )
+
+    # pyarrow's reads and filters let go of the GIL: a file per core at a time
+    with ThreadPoolExecutor(max_workers=file_threads(len(plan))) as pool:
+        return list(pool.map(matches_of, plan))
