@@ -30,6 +30,7 @@ from lakehouse_assets.journal import BUCKETS, bucket_of, statement_from_mapping
 from lakehouse_assets.spark.sql import csv_line_sql
 from lakehouse_assets.tables.arrays import values_array
 from lakehouse_assets.tables.lookups import point_lookup
+from lakehouse_assets.tables.probe import rows_of
 from lakehouse_assets.tables.schemas import (
     STATEMENT_FIELDS,
     STATEMENTS_PARTITION,
@@ -239,12 +240,10 @@ def _point_read(
     groups: dict[int, list[str]] = {}
     for entity_id in entity_ids:
         groups.setdefault(bucket_of(entity_id), []).append(entity_id)
-    low, high = min(groups), max(groups)
-    if len(groups) <= POINT_BUCKETS:
-        spans = [((b, b), [b], ids) for b, ids in sorted(groups.items())]
-    else:
-        spans = [((low, high), sorted(groups), list(entity_ids))]
     wanted = cv.origin(origin) if origin is not None else None
+    if len(groups) > POINT_BUCKETS:
+        return _many_points(ds, snapshot, groups, wanted, log_columns)
+    spans = [((b, b), [b], ids) for b, ids in sorted(groups.items())]
     rows_parts, log_parts = [], []
     for span, buckets, ids in spans:
         files = snapshot.statements.select(span)
@@ -275,6 +274,44 @@ def _point_read(
         pa.concat_tables(rows_parts, promote_options="permissive"),
         pa.concat_tables(log_parts, promote_options="permissive"),
     )
+
+
+def _many_points(
+    ds: DatasetContext,
+    snapshot: DatasetSnapshot,
+    groups: dict[int, list[str]],
+    origin: str | None,
+    log_columns: list[str],
+) -> tuple[pa.Table, pa.Table]:
+    """:func:`_point_read` of entities in many buckets: the row groups each
+    entity's and then each of its statements' (bucket, key) can be in, by
+    min/max (:func:`.tables.probe.rows_of`), rather than a scan of the span."""
+    options = ds.statements_table.storage_options
+    span = (min(groups), max(groups))
+    files = snapshot.statements.select(span)
+    if origin is not None:
+        files = [f for f in files if f.partition_values.get(STATEMENTS_PARTITION) == origin]
+    buckets = [b for b, ids in groups.items() for _ in ids]
+    entity_ids = [e for ids in groups.values() for e in ids]
+    rows = rows_of(
+        files,
+        STATEMENTS_SCHEMA,
+        options,
+        buckets,
+        entity_ids,
+        key_column="canonical_id",
+        partition=STATEMENTS_PARTITION,
+    )
+    log = rows_of(
+        snapshot.translog.select(span),
+        TRANSLOG_SCHEMA,
+        options,
+        rows.column("bucket").to_pylist(),
+        rows.column("id").to_pylist(),
+        key_column="id",
+        columns=log_columns,
+    )
+    return rows, log
 
 
 def live_chunks(

@@ -6,10 +6,13 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
 from ftmq.query import M, P, Query
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lakehouse_assets.lake import Lakehouse
-from lakehouse_assets_tests.conftest import sample_entities
+from lakehouse_assets_tests.conftest import examples, sample_entities
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -109,6 +112,9 @@ def test_query_streams_a_range_of_buckets_at_a_time(spark: SparkSession, lake: L
     assert len({bucket_of(f"p-{i}") for i in range(0, 120, 4)}) > POINT_BUCKETS
     only_b = {e.id for e in ds.query(entity_ids=["p-3", "p-4"], origin="b", flush=False)}
     assert only_b == {"p-3"}
+    many = [f"p-{i}" for i in range(0, 120, 4)]  # many buckets, one origin
+    many_b = {e.id for e in ds.query(entity_ids=many, origin="b", flush=False)}
+    assert many_b == {i for i in many if int(i[2:]) % 3 == 0}
 
 
 def test_a_schema_filter_reads_only_the_entities_that_can_match(
@@ -194,3 +200,65 @@ def test_reads_follow_every_commit_of_the_tables(
     again.flush()
     assert ds.get_entity(str(first["id"])) is None
     assert again.get_entity(str(second["id"])) is not None
+
+
+@settings(max_examples=examples(60, 400), deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(0, 6), st.sampled_from("abcdefgh"), st.integers(0, 3)),
+        max_size=60,
+    ),
+    files=st.integers(1, 4),
+    ordered=st.booleans(),
+    group_rows=st.integers(1, 8),
+    wanted=st.sets(st.sampled_from("abcdefghz"), max_size=6),
+)
+def test_a_read_of_many_keys_by_row_groups_finds_what_a_scan_finds(
+    tmp_path_factory: pytest.TempPathFactory,
+    rows: list[tuple[int, str, int]],
+    files: int,
+    ordered: bool,
+    group_rows: int,
+    wanted: set[str],
+) -> None:
+    """:func:`rows_of` picks row groups by their (bucket, key) min/max: what it
+    returns is every row a filter over all rows keeps, whether the files are
+    sorted by bucket and key (as ours are) or not (another writer's), in row
+    groups of any size."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lakehouse_assets.tables.probe import rows_of
+    from lakehouse_assets.tables.snapshot import DataFile
+
+    # a key's bucket is a function of the key, as an entity's or a statement's is
+    bucket = {key: ord(key) % 7 for key in "abcdefghz"}
+    table = [(bucket[k], k, v, n) for n, (_b, k, v) in enumerate(rows)]
+    schema = pa.schema([("bucket", pa.int32()), ("key", pa.string()), ("value", pa.int64())])
+    folder = tmp_path_factory.mktemp("rows-of")
+    data_files = []
+    for part in range(files):
+        chunk = table[part::files]
+        if ordered:
+            chunk.sort()
+        path = folder / f"part-{part}.parquet"
+        pq.write_table(
+            pa.table(
+                {
+                    "bucket": pa.array([r[0] for r in chunk], pa.int32()),
+                    "key": [r[1] for r in chunk],
+                    "value": pa.array([r[2] * 1000 + r[3] for r in chunk], pa.int64()),
+                },
+                schema=schema,
+            ),
+            path,
+            row_group_size=group_rows,
+        )
+        data_files.append(DataFile(path.as_uri(), path.name, path.stat().st_size, {}, None, None))
+    keys = sorted(wanted)
+    found = rows_of(data_files, schema, {}, [bucket[k] for k in keys], keys, key_column="key")
+    expected = sorted((r[0], r[1], r[2] * 1000 + r[3]) for r in table if r[1] in wanted)
+    assert found.schema == schema
+    assert sorted(zip(*(found.column(c).to_pylist() for c in schema.names), strict=True)) == (
+        expected
+    )

@@ -208,3 +208,41 @@ def _read_matches(
     # pyarrow's reads and filters let go of the GIL: a file per core at a time
     with ThreadPoolExecutor(max_workers=file_threads(len(plan))) as pool:
         return list(pool.map(matches_of, plan))
+
+
+def rows_of(
+    files: Sequence[DataFile],
+    schema: pa.Schema,
+    storage_options: Mapping[str, str],
+    buckets: Sequence[int],
+    keys: Sequence[str],
+    *,
+    key_column: str,
+    columns: Sequence[str] | None = None,
+    partition: str | None = None,
+) -> pa.Table:
+    """Every stored row whose ``key_column`` holds one of ``keys`` (``buckets``
+    gives each key's bucket), from the row groups whose min/max can hold one.
+
+    The read of many entities or statements at once (an incremental export's
+    changed entities, a get of many ids): each key costs a row group or two of
+    the files that can hold its bucket, where one filtered scan of the files
+    (or DuckDB's, by its bloom filters) read every row group's key column. At
+    10M statements the 100 entities of a small change took 4.5-6 s that way."""
+    names = list(columns or schema.names)
+    target = pa.schema([schema.field(n) for n in names])
+    if not files or not keys:
+        return target.empty_table()
+    options = tuple(sorted(storage_options.items()))
+    wanted = _Keys(buckets, keys)
+    plan: list[tuple[DataFile, RowGroupIndex, list[int]]] = []
+    for f in files:
+        index = _row_group_index(f.uri, options)
+        groups = _candidates(index, wanted, key_column)
+        if groups:
+            plan.append((f, index, groups))
+    values = pc.unique(pa.array(keys, pa.string()))
+    parts = _read_matches(plan, schema, storage_options, names, partition, key_column, values)
+    if not parts:
+        return target.empty_table()
+    return pa.concat_tables(parts).select(names).cast(target)
