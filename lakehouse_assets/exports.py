@@ -70,7 +70,6 @@ from lakehouse_assets.tables.schemas import (
     STATEMENTS_PARTITION,
 )
 from lakehouse_assets.tables.snapshot import DatasetSnapshot, arrow_filesystem
-from lakehouse_assets.tables.spark_io import live_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -261,6 +260,10 @@ def _run_pass(
 ) -> dict[str, dict[str, Any]]:
     """One Spark plan over one snapshot writing the requested kinds (see module docstring)."""
     from pyspark.sql import functions as F
+
+    # (here, not at the top: an incremental export or a flush on the driver
+    # starts no Spark, and pyspark's import was a tenth of such a process)
+    from lakehouse_assets.tables.spark_io import live_frame
 
     step = progress.Steps(log, f"export {ds.name}")
     spark = get_spark(ds.settings)

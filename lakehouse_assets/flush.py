@@ -82,7 +82,6 @@ from lakehouse_assets.errors import LockedError
 from lakehouse_assets.journal import Claim
 from lakehouse_assets.locks import Fence
 from lakehouse_assets.reduce import REDUCED_SCHEMA, reduce_events
-from lakehouse_assets.spark.journal_source import journal_frame, reachable
 from lakehouse_assets.spark.session import (
     get_spark,
     parallelism,
@@ -107,7 +106,6 @@ from lakehouse_assets.tables.snapshot import (
     _row_group_index,
     read_files,
 )
-from lakehouse_assets.tables.spark_io import arrow_frame, read_snapshot, write_files
 from lakehouse_assets.tables.translog import merge_rows
 
 if TYPE_CHECKING:
@@ -233,6 +231,8 @@ def rewrite_translog(
     publishes the statements version ``publishes`` (see :mod:`tables`).
     """
     from pyspark.sql import functions as F
+
+    from lakehouse_assets.tables.spark_io import read_snapshot, write_files
 
     location = ds.translog_table
     options = location.storage_options
@@ -389,6 +389,9 @@ def _reduced_frame(
     ``flush_driver_rows``; otherwise the driver reads it, reduces in Arrow and
     stages the result as Parquet in the lake.
     """
+    from lakehouse_assets.spark.journal_source import journal_frame, reachable
+    from lakehouse_assets.tables.spark_io import arrow_frame
+
     url = ds.journal.url
     options = dict(ds.statements_table.storage_options)
     if (
@@ -426,8 +429,6 @@ def _flush_batch(
     result: FlushResult,
     staging_uri: str,
 ) -> None:
-    from pyspark.sql import functions as F
-
     step = progress.Steps(log, f"flush {ds.name}")
     buckets = [b for b, _ in batch]
     journal_rows = sum(n for _, n in batch)
@@ -444,6 +445,12 @@ def _flush_batch(
             result.journal_rows += journal_rows
             result.batches += 1
             return
+    # (imported here: a batch the driver flushes needs no pyspark, whose import
+    # was a tenth of a small flush's process)
+    from pyspark.sql import functions as F
+
+    from lakehouse_assets.tables.spark_io import arrow_frame, read_snapshot, write_files
+
     spark = spark_session()
     main = ds.statements_table
     options = main.storage_options
@@ -849,6 +856,8 @@ def record_changes(
     that marks the version covered. Not for a translog's first version (nothing
     before it to change from: a first flush writes no copy of its statements)."""
     from pyspark.sql import functions as F
+
+    from lakehouse_assets.tables.spark_io import write_files
 
     if version == 0:
         return
