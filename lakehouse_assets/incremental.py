@@ -100,6 +100,8 @@ INDEX_SCHEMA = pa.schema(
         ("pick", pa.int64()),
     ]
 )
+#: The index's columns worth a dictionary (few distinct values; not the ids).
+DICTIONARY = ["schema", "countries", "start", "end"]
 #: The columns of an entity's contribution that Spark computes (the index without json_bytes).
 SPARK_INDEX_COLUMNS = [n for n in INDEX_SCHEMA.names if n != "json_bytes"]
 
@@ -266,7 +268,11 @@ class ExportState:
             dir=staging.scratch_dir(ds.settings), prefix="state-"
         ) as tmp:
             local = Path(tmp) / name
-            pq.write_table(index.cast(INDEX_SCHEMA), local, compression="zstd")
+            # no dictionary for the ids (each unique): half the write and read time
+            # of the default (at 1M statements 0.15 -> 0.08 s, 0.10 -> 0.04 s)
+            pq.write_table(
+                index.cast(INDEX_SCHEMA), local, compression="zstd", use_dictionary=DICTIONARY
+            )
             ds.store.put_file(self.path(ds, name), local)
         self.index_file = name
         data = {**asdict(self), "snapshot": list(self.snapshot)}
