@@ -19,7 +19,7 @@ import pytest
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.settings import Settings
-from lakehouse_assets.tables.feed import changes_between
+from lakehouse_assets.tables.feed import changes_between, statements_changed
 from lakehouse_assets_tests.conftest import make_bucket, sample_entities
 from lakehouse_assets_tests.helpers.crash import crash
 
@@ -91,6 +91,51 @@ def test_small_change_is_incremental_and_byte_identical(spark: Any, ds: Dataset)
     assert ds.export(THREE).mode == "incremental"
     incremental = exported(ds)
     assert incremental == rebuilt(ds)
+
+
+def test_the_feed_names_the_statements_whose_translog_rows_changed(spark: Any, ds: Dataset) -> None:
+    """:func:`statements_changed` (what the graph index's update reads instead of
+    every rewritten translog file's tombstones) is exactly the statements whose
+    translog rows differ between two versions, read whole here; None on a gap
+    or past its limit."""
+    from deltalake import DeltaTable
+
+    def translog_rows(version: int) -> set[tuple[Any, ...]]:
+        rows = DeltaTable(ds.translog_table.uri, version=version).to_pyarrow_table()
+        names = ["origin", "id", "first_seen", "last_seen", "deleted_at"]
+        return set(zip(*(rows.column(n).to_pylist() for n in names), strict=True))
+
+    since = ds.snapshot().translog.version
+    assert since is not None
+    base = sample_entities()
+    ds.add_entity(entity("p-aa", "Anna First", country="fr"), origin="crawl")
+    ds.add_entity({**base[1], "properties": {"notes": ["one more"]}}, origin="enrich")
+    ds.delete_entity(str(base[2]["id"]))
+    ds.flush()
+    ds.add_entity(entity("p-zz", "Zed Again"), origin="crawl")  # re-seen: its range moves
+    until = ds.flush().translog_version
+    changed = statements_changed(ds.changes_table, ds.translog_table, since, until, limit=10**6)
+    assert changed is not None and changed.num_rows > 0
+    before, after = translog_rows(since), translog_rows(until)
+    differ = {(r[0], r[1]) for r in before ^ after}
+    keys = zip(changed.column("origin").to_pylist(), changed.column("id").to_pylist(), strict=True)
+    assert set(keys) == differ
+    ids = set(changed.column("canonical_id").to_pylist())
+    assert {"p-aa", "p-zz", str(base[1]["id"]), str(base[2]["id"])} <= ids
+    assert (
+        statements_changed(
+            ds.changes_table, ds.translog_table, since, until, limit=changed.num_rows - 1
+        )
+        is None
+    )
+    ds.delete_entity("p-aa")
+    ds.flush()
+    assert ds.compact().removed_translog > 0  # a version the feed does not cover
+    after_compact = ds.snapshot().translog.version
+    assert (
+        statements_changed(ds.changes_table, ds.translog_table, until, after_compact, limit=10**6)
+        is None
+    )
 
 
 def test_a_gap_in_the_feed_takes_the_full_path_and_says_why(spark: Any, ds: Dataset) -> None:

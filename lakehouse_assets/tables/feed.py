@@ -67,28 +67,18 @@ def changes_between(
     no data; a commit by another writer (a delta-rs ``delete()``, say) changes
     rows no flush recorded, so it is a gap.
     """
-    if since is None or until is None:
-        return Changes(gap="no earlier translog version to start from")
-    if until < since:
-        return Changes(gap=f"translog version {until} is older than {since}")
-    if until == since:
-        return Changes()
-    snapshot = Snapshot.load(changes)
-    if snapshot.version is None:
-        return Changes(gap="the lake has no change feed yet (written by flushes since issue 34)")
-    window = (pc.field("translog_version") > since) & (pc.field("translog_version") <= until)
-    rows = arrow_dataset(snapshot.files, CHANGES_SCHEMA, changes.storage_options).to_table(
-        columns=["translog_version", "statements_version", "change", "canonical_id"],
-        filter=window,
+    rows = _feed_rows(
+        changes,
+        translog,
+        since,
+        until,
+        ["translog_version", "statements_version", "change", "canonical_id"],
     )
+    if isinstance(rows, str):
+        return Changes(gap=rows)
+    if rows is None:
+        return Changes()
     kind = rows.column("change")
-    covered = set(rows.filter(pc.equal(kind, VERSION)).column("translog_version").to_pylist())
-    missing = _unaccounted(translog, since, until, covered)
-    if missing:
-        return Changes(
-            gap=f"translog version(s) {missing} not in the change feed (a compaction, or "
-            "a flush that died before recording its change)"
-        )
     if statements is not None and statements_since is not None and statements_until is not None:
         made = set(rows.column("statements_version").to_pylist())
         foreign = _unaccounted(statements, statements_since, statements_until, made)
@@ -104,6 +94,65 @@ def changes_between(
         live=int(pc.sum(pc.equal(stmts.column("change"), LIVE)).as_py() or 0),
         dead=int(pc.sum(pc.equal(stmts.column("change"), DEAD)).as_py() or 0),
     )
+
+
+def _feed_rows(
+    changes: DeltaLocation,
+    translog: DeltaLocation,
+    since: int | None,
+    until: int | None,
+    columns: list[str],
+) -> pa.Table | str | None:
+    """The feed's rows (``columns``, ``change`` among them) of translog versions
+    ``since`` (excluded) to ``until``; a gap's reason if a version is not
+    covered; None if there is nothing between the two."""
+    if since is None or until is None:
+        return "no earlier translog version to start from"
+    if until < since:
+        return f"translog version {until} is older than {since}"
+    if until == since:
+        return None
+    snapshot = Snapshot.load(changes)
+    if snapshot.version is None:
+        return "the lake has no change feed yet (written by flushes since issue 34)"
+    window = (pc.field("translog_version") > since) & (pc.field("translog_version") <= until)
+    rows = arrow_dataset(snapshot.files, CHANGES_SCHEMA, changes.storage_options).to_table(
+        columns=list(dict.fromkeys(["translog_version", "change", *columns])), filter=window
+    )
+    kind = rows.column("change")
+    covered = set(rows.filter(pc.equal(kind, VERSION)).column("translog_version").to_pylist())
+    missing = _unaccounted(translog, since, until, covered)
+    if missing:
+        return (
+            f"translog version(s) {missing} not in the change feed (a compaction, or "
+            "a flush that died before recording its change)"
+        )
+    return rows
+
+
+def statements_changed(
+    changes: DeltaLocation,
+    translog: DeltaLocation,
+    since: int | None,
+    until: int | None,
+    *,
+    limit: int,
+) -> pa.Table | None:
+    """The statements (``origin``, ``id``, ``canonical_id``, unique) the flushes of
+    translog versions ``since`` (excluded) to ``until`` made live or dead: the
+    only ones whose translog rows differ between the two versions. None on a
+    gap (see :func:`changes_between`) or when more than ``limit`` (the caller's
+    full path is then the cheaper read)."""
+    rows = _feed_rows(changes, translog, since, until, ["origin", "id", "canonical_id"])
+    if isinstance(rows, str):
+        return None
+    keys = ["origin", "id", "canonical_id"]
+    if rows is None:
+        return CHANGES_SCHEMA.empty_table().select(keys)
+    rows = rows.filter(pc.not_equal(rows.column("change"), VERSION))
+    if rows.num_rows > limit:
+        return None
+    return rows.select(keys).group_by(keys).aggregate([])
 
 
 def _unaccounted(location: DeltaLocation, since: int, until: int, known: set[int]) -> str:
