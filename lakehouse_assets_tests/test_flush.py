@@ -105,7 +105,7 @@ def test_a_journal_the_tasks_cannot_open_is_read_on_the_driver(
     file: the driver reads and reduces the claimed rows and stages them. Both
     ways give the same tables and the same counts, for a first flush (nothing
     stored: its tombstones are counted without a Spark job) and a later one."""
-    import lakehouse_assets.flush as flush_module
+    from lakehouse_assets.spark import journal_source
 
     def write_and_delete(ds) -> None:  # type: ignore[no-untyped-def]
         for entity in sample_entities():
@@ -132,7 +132,8 @@ def test_a_journal_the_tasks_cannot_open_is_read_on_the_driver(
     results: dict[str, list[tuple[int, ...]]] = {"tasks": [], "driver": []}
     for ds in (tasks, driver):
         if ds is driver:
-            monkeypatch.setattr(flush_module, "reachable", lambda *_: False)
+            # (the flush imports it where it reads the journal: patched at its source)
+            monkeypatch.setattr(journal_source, "reachable", lambda *_: False)
         write_and_delete(ds)
         results[ds.name].append(counts(ds.flush()))
         person = next(e for e in sample_entities() if e["schema"] == "Person")
@@ -152,16 +153,16 @@ def test_a_small_batch_is_read_by_the_driver_a_larger_one_by_tasks(
     """Spark's tasks reading the journal start Python workers (seconds on a cold
     session); a batch of at most ``flush_driver_rows`` journal rows (a daily
     change) is read and reduced by the driver instead, the same rows either way."""
-    from lakehouse_assets import flush
+    from lakehouse_assets.spark import journal_source
 
     used: list[str] = []
-    real = flush.journal_frame
+    real = journal_source.journal_frame
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         used.append("tasks")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(flush, "journal_frame", counted)
+    monkeypatch.setattr(journal_source, "journal_frame", counted)
     small, large = local_lake.create_dataset("small"), local_lake.create_dataset("large")
     rows = {
         ds.name: sum(ds.add_entity(e, origin="a") for e in sample_entities())
@@ -183,6 +184,7 @@ def test_flush_in_many_batches_equals_one_batch(
     """Batches, and tasks within a batch (a task reads at most ``TASK_ROWS``
     journal rows, whole buckets), cut the work, never the result."""
     from lakehouse_assets import flush
+    from lakehouse_assets.spark import journal_source
 
     one = local_lake.create_dataset("one_batch")
     many = local_lake.create_dataset("many_batches")
@@ -198,14 +200,14 @@ def test_flush_in_many_batches_equals_one_batch(
     monkeypatch.setattr(flush, "TASK_ROWS", 3)
     monkeypatch.setattr(local_lake.settings, "flush_driver_rows", 0)  # tasks read it
     staged: list[int] = []
-    real = flush.journal_frame
+    real = journal_source.journal_frame
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         frame, rows, deleted, files = real(*args, **kwargs)
         staged.append(len(frame.inputFiles()))
         return frame, rows, deleted, files
 
-    monkeypatch.setattr(flush, "journal_frame", counted)
+    monkeypatch.setattr(journal_source, "journal_frame", counted)
     r3 = tasks.flush()
     assert r3.batches == 1 and r3.new == r1.new
     assert staged and staged[0] > 3  # one staged file per task
@@ -389,8 +391,9 @@ def test_merge_rows_follows_the_rule(
     row: the seen range widens, the deletion and last tenant are the update's,
     the first tenant the stored row's; untouched rows are kept as they are;
     the result is sorted as a file's rows are."""
+    from lakehouse_assets.tables import translog
     from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
-    from lakehouse_assets.tables.translog import merge_rows
+    from lakehouse_assets.tables.translog import SORT_KEYS, merge_rows
 
     def table(
         rows: list[tuple[Any, ...]],
@@ -413,7 +416,17 @@ def test_merge_rows_follows_the_rule(
 
     stored_table, old = table(stored)
     update_table, new = table(updates)
+    # a file as every writer leaves it (sorted) and one in any order: the same
+    # rows, whether the updates are put in place by slices of the file (the
+    # path of a small change, forced here) or everything is sorted again
     got = merge_rows(stored_table, update_table).to_pylist()
+    share = translog.SLICED_SHARE
+    try:
+        translog.SLICED_SHARE = 0
+        assert merge_rows(stored_table.sort_by(SORT_KEYS), update_table).to_pylist() == got
+        assert merge_rows(stored_table, update_table).to_pylist() == got
+    finally:
+        translog.SLICED_SHARE = share
     want = dict(old)
     for key, row in new.items():
         if key not in old:
