@@ -578,11 +578,23 @@ def stream_entities(
 
 def stored_statements(ds: DatasetContext, entity_id: str) -> list[Statement]:
     """Live statements of an entity: in the Delta table and still in the journal."""
-    cv.entity_id(entity_id)
-    found: dict[tuple[str | None, str | None], Statement] = {}
-    table = live_statements(ds, entity_ids=[entity_id])
-    for stmt in to_statements(table):
-        found[(stmt.origin, stmt.id)] = stmt
-    for stmt in ds.journal.live_entity_statements(ds.name, entity_id):
-        found[(stmt.origin, stmt.id)] = stmt
-    return list(found.values())
+    return stored_statements_of(ds, [entity_id])[entity_id]
+
+
+def stored_statements_of(
+    ds: DatasetContext, entity_ids: Sequence[str]
+) -> dict[str, list[Statement]]:
+    """:func:`stored_statements` of many entities, with one read of the tables
+    (a delete of thousands of entities read them an entity at a time: 4,351
+    took about 4 min at 10M statements)."""
+    for entity_id in entity_ids:
+        cv.entity_id(entity_id)
+    found: dict[str, dict[tuple[str | None, str | None], Statement]] = {e: {} for e in entity_ids}
+    if entity_ids:
+        for stmt in to_statements(live_statements(ds, entity_ids=list(found))):
+            if stmt.canonical_id in found:
+                found[stmt.canonical_id][(stmt.origin, stmt.id)] = stmt
+    for entity_id, stmts in found.items():
+        for stmt in ds.journal.live_entity_statements(ds.name, entity_id):
+            stmts[(stmt.origin, stmt.id)] = stmt
+    return {e: list(stmts.values()) for e, stmts in found.items()}

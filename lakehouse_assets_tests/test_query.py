@@ -262,3 +262,37 @@ def test_a_read_of_many_keys_by_row_groups_finds_what_a_scan_finds(
     assert sorted(zip(*(found.column(c).to_pylist() for c in schema.names), strict=True)) == (
         expected
     )
+
+
+def test_deleting_many_entities_at_once_equals_deleting_them_one_by_one(
+    spark: SparkSession, lake: Lakehouse
+) -> None:
+    """``delete_entities`` (the CLI's ``entities delete``, one read of the tables
+    and one journal write for all the ids) tombstones what ``delete_entity``
+    does for each id: statements flushed and still in the journal, of one
+    origin when asked; unknown and repeated ids count as such."""
+    people = [
+        {"id": f"d-{i}", "schema": "Person", "properties": {"name": [f"Person {i}"]}}
+        for i in range(40)
+    ]
+    at_once, one_by_one = lake.create_dataset("at_once"), lake.create_dataset("one_by_one")
+    for ds in (at_once, one_by_one):
+        ds.write_entities([json.dumps(p).encode() for p in people], origin="a")
+        ds.flush()
+        for p in people[::4]:  # a second origin, still in the journal
+            ds.add_entity({**p, "properties": {"nationality": ["de"]}}, origin="b")
+    gone = [f"d-{i}" for i in range(0, 40, 3)] + ["d-3", "nobody"]
+    only_b = [f"d-{i}" for i in range(0, 40, 4)]
+    counts = at_once.delete_entities(gone)
+    counts_b = at_once.delete_entities(only_b, origin="b")
+    assert counts == {e: one_by_one.delete_entity(e) for e in dict.fromkeys(gone)}
+    assert counts_b == {e: one_by_one.delete_entity(e, origin="b") for e in only_b}
+    assert counts["nobody"] == 0 and counts["d-0"] > counts["d-3"] > 0  # two origins, one
+    assert counts_b["d-0"] == 0 and counts_b["d-4"] > 0  # d-0 already gone; d-4 of b
+    # (the datasets' names and the times of writing differ; the contents not)
+    left = [{e.id: e.to_dict() for e in ds.query()} for ds in (at_once, one_by_one)]
+    assert {i: e["properties"] for i, e in left[0].items()} == {
+        i: e["properties"] for i, e in left[1].items()
+    }
+    assert len(left[0]) == 40 - 14 and "d-4" in left[0] and "d-3" not in left[0]
+    assert "nationality" not in left[0]["d-4"]["properties"]

@@ -54,8 +54,7 @@ def entities_delete(obj: Context, entity_ids: tuple[str, ...], origin: str | Non
       lakehouse -d my_dataset entities delete own-omar-acme --origin crawl
     """
     ds = obj.dataset()
-    for entity_id in entity_ids:
-        n = ds.delete_entity(entity_id, origin=origin)
+    for entity_id, n in ds.delete_entities(entity_ids, origin=origin).items():
         click.echo(f"{entity_id}: {n} statements tombstoned", err=True)
 
 
