@@ -792,15 +792,16 @@ def refresh(
                 made[kind] = (tmp, size, sha, moved, sha1)
                 carried += moved
         step("files spliced (%s bytes carried over)", f"{carried:,}")
-        # the new index: old ranges and new rows in plan order (a take, no sort)
-        combined = pa.concat_tables([index, rows.select(INDEX_SCHEMA.names)])
-        take: list[np.ndarray[Any, Any]] = []
-        for kind, first, stop in plan.steps:
-            take.append(
-                np.arange(first, stop) if kind == "old" else np.array([index.num_rows + first])
-            )
-        order = np.concatenate(take) if take else np.zeros(0, np.int64)
-        new_index = combined.take(pa.array(order, pa.int64()))
+        # the new index: old ranges and new rows in plan order, as slices (no
+        # copy of the old index's rows, 2.18M at 10M statements)
+        new_rows = rows.select(INDEX_SCHEMA.names)
+        new_index = pa.concat_tables(
+            [
+                index.slice(first, stop - first) if kind == "old" else new_rows.slice(first, 1)
+                for kind, first, stop in plan.steps
+            ]
+            or [index.slice(0, 0)]
+        )
         aggregates = state.aggregates
         aggregates.add(index.take(pa.array(plan.dropped, pa.int64())), -1)
         aggregates.add(rows.select(INDEX_SCHEMA.names))
