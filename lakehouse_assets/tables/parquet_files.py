@@ -40,6 +40,8 @@ ROW_GROUP_BYTES = 2 * 1024 * 1024
 #: row groups whose min/max range contains the value but whose rows do not.
 BLOOM_COLUMNS = ("canonical_id", "id")
 BLOOM_FPP = 0.01
+#: Columns whose every value is its own (a statement's id): written without a dictionary.
+UNIQUE_COLUMNS = ("id",)
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,9 @@ class TableFileWriter:
                 sink,
                 self.stored,
                 compression="zstd",
+                # a dictionary of unique ids is built, then dropped: 9% of a
+                # translog file's write, and the files 5% larger
+                use_dictionary=[n for n in self.stored.names if n not in UNIQUE_COLUMNS],
                 metadata_collector=collector,
                 bloom_filter_options={
                     c: {"ndv": self.row_group_rows, "fpp": BLOOM_FPP}
