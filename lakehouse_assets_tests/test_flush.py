@@ -391,9 +391,8 @@ def test_merge_rows_follows_the_rule(
     row: the seen range widens, the deletion and last tenant are the update's,
     the first tenant the stored row's; untouched rows are kept as they are;
     the result is sorted as a file's rows are."""
-    from lakehouse_assets.tables import translog
     from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
-    from lakehouse_assets.tables.translog import SORT_KEYS, merge_rows
+    from lakehouse_assets.tables.translog import merge_rows
 
     def table(
         rows: list[tuple[Any, ...]],
@@ -416,17 +415,7 @@ def test_merge_rows_follows_the_rule(
 
     stored_table, old = table(stored)
     update_table, new = table(updates)
-    # a file as every writer leaves it (sorted) and one in any order: the same
-    # rows, whether the updates are put in place by slices of the file (the
-    # path of a small change, forced here) or everything is sorted again
     got = merge_rows(stored_table, update_table).to_pylist()
-    share = translog.SLICED_SHARE
-    try:
-        translog.SLICED_SHARE = 0
-        assert merge_rows(stored_table.sort_by(SORT_KEYS), update_table).to_pylist() == got
-        assert merge_rows(stored_table, update_table).to_pylist() == got
-    finally:
-        translog.SLICED_SHARE = share
     want = dict(old)
     for key, row in new.items():
         if key not in old:
