@@ -594,7 +594,7 @@ def stored_statements_of(
         for stmt in to_statements(live_statements(ds, entity_ids=list(found))):
             if stmt.canonical_id in found:
                 found[stmt.canonical_id][(stmt.origin, stmt.id)] = stmt
-    for entity_id, stmts in found.items():
-        for stmt in ds.journal.live_entity_statements(ds.name, entity_id):
-            stmts[(stmt.origin, stmt.id)] = stmt
+    for entity_id, pending in ds.journal.live_statements_of(ds.name, list(found)).items():
+        for stmt in pending:
+            found[entity_id][(stmt.origin, stmt.id)] = stmt
     return {e: list(stmts.values()) for e, stmts in found.items()}

@@ -516,3 +516,39 @@ def test_releasing_a_flushed_journal_does_not_rewrite_its_pages(tmp_path: Path) 
     assert journal.count("d") == 20_000
     journal.dispose()
     assert db.stat().st_size <= size * 1.05
+
+
+def test_live_statements_of_many_entities_are_each_entitys_latest_events(
+    lake_with_journal: Lakehouse, dataset_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``live_statements_of`` (a query per few hundred ids, where a delete of
+    thousands asked once per id) gives each entity the statements whose last
+    event is not a tombstone, by entity or canonical id, against the journal's
+    rows read in order; ids asked twice or unknown are answered too."""
+    from lakehouse_assets import journal as journal_module
+    from lakehouse_assets.journal import COLUMNS, row_statement
+
+    monkeypatch.setattr(journal_module, "IDS_PER_QUERY", 3)  # several queries
+    ds = lake_with_journal.create_dataset(dataset_name)
+    entities = sample_entities()
+    for e in entities:
+        ds.add_entity(e, origin="a")
+        ds.add_entity({**e, "properties": {"summary": ["again"]}}, origin="b")
+    for e in entities[::3]:
+        ds.delete_statement(ds.journal.live_entity_statements(dataset_name, str(e["id"]))[0])
+    ids = [str(e["id"]) for e in entities] + [str(entities[0]["id"]), "nobody"]
+    got = ds.journal.live_statements_of(dataset_name, ids)
+    latest: dict[str, dict[tuple[str, str], tuple[object, ...]]] = {}
+    for row in ds.journal.rows(dataset_name):
+        for owner in {row[COLUMNS.index("entity_id")], row[COLUMNS.index("canonical_id")]}:
+            key = (row[COLUMNS.index("id")], row[COLUMNS.index("origin")])
+            latest.setdefault(owner, {})[key] = row
+    deleted = COLUMNS.index("deleted_at")
+    assert set(got) == set(ids)
+    for entity_id in ids:
+        want = [row_statement(r) for r in latest.get(entity_id, {}).values() if r[deleted] is None]
+        assert sorted(s.id for s in got[entity_id]) == sorted(s.id for s in want)
+    assert got["nobody"] == []
+    assert all(got[str(e["id"])] for e in entities)
+    first = str(entities[0]["id"])
+    assert len(got[first]) == len(latest[first]) - 1  # one of its statements tombstoned
