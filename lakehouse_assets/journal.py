@@ -484,6 +484,19 @@ class Journal:
         with self.engine.connect() as conn:
             return sorted(r[0] for r in conn.execute(q))
 
+    def entity_rows(self, dataset: str, entity_id: str) -> list[Row]:
+        """All journal rows about one entity (by entity or canonical id), in order."""
+        t = journal_table
+        cols = [t.c[c] for c in COLUMNS]
+        q = (
+            select(t.c.seq, *cols)
+            .where(t.c.dataset == dataset)
+            .where((t.c.entity_id == entity_id) | (t.c.canonical_id == entity_id))
+            .order_by(t.c.seq)
+        )
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(q)]
+
     def rows(self, dataset: str) -> Iterator[Row]:
         """All rows of a dataset (``COLUMNS`` order) in insert order, streamed."""
         t = journal_table
