@@ -278,6 +278,54 @@ def test_the_version_diff_of_an_incremental_export_is_the_tables_diff(
             assert op["entity"]["id"] == str(base[2]["id"]) and op["entity"]["id"] not in lines
 
 
+def test_the_diff_is_made_from_the_lines_after_a_forced_export_of_the_published_snapshot(
+    spark: Any, ds: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version's publish leaves a translog commit that changes no data, so an
+    export pinned after it (``export --force`` right after ``make``) starts the
+    next incremental export's lines one translog version past the parent
+    version's snapshot: same content, and the diff is still made from the lines
+    (it was read from the tables). Lines that start from other content (an
+    export without a version between) are not used: the tables give the diff."""
+    import io
+
+    from lakehouse_assets import versions
+    from lakehouse_assets.versions import publishing
+
+    made: list[dict[str, int]] = []
+    real = publishing.diff_from_lines
+
+    def from_lines(*args: Any) -> dict[str, int]:
+        made.append(real(*args))
+        return made[-1]
+
+    monkeypatch.setattr(publishing, "diff_from_lines", from_lines)
+    base = sample_entities()
+    ds.export(["index"])  # version 1
+    published = versions.snapshot_at(ds, ds.versions()[-1])
+    assert rebuilt(ds)  # pinned after version 1's translog commit
+    assert ds.snapshot().versions != published.versions
+    assert ds.snapshot().content_key == published.content_key
+    ds.add_entity(entity("p-ab", "Abel New", country="fr"), origin="crawl")
+    ds.delete_entity(str(base[2]["id"]))
+    result = ds.export([*THREE, "index"])  # version 2
+    assert result.mode == "incremental", result.reason
+    counts = result.written["index"]["version"]["diff"]["counts"]
+    assert made == [counts]
+    old, new = (versions.snapshot_at(ds, v) for v in ds.versions()[-2:])
+    assert versions.render_diff(ds, old, new, io.BytesIO()) == counts
+    assert counts == {"ADD": 1, "MOD": 0, "DEL": 1}
+
+    # lines from content the parent version does not have: the tables' diff
+    ds.add_entity(entity("p-ac", "Acton Newer"), origin="crawl")
+    assert ds.export(THREE).mode == "incremental"  # no version: the state moves on
+    ds.delete_entity("p-ab")
+    result = ds.export([*THREE, "index"])  # version 3, from version 2
+    assert result.mode == "incremental", result.reason
+    assert len(made) == 1
+    assert result.written["index"]["version"]["diff"]["counts"] == {"ADD": 1, "MOD": 0, "DEL": 1}
+
+
 def test_an_entity_deleted_twice_before_a_flush_leaves_the_incremental_export(
     spark: Any, ds: Dataset
 ) -> None:
