@@ -217,18 +217,10 @@ def test_incremental_on_an_s3_lake(spark: Any, s3_settings: Settings, tmp_path: 
     assert exported(ds) == rebuilt(ds)
 
 
-def test_the_version_diff_of_an_incremental_export_is_the_tables_diff(
-    spark: Any, ds: Dataset, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An incremental export has the changed entities' lines before and after in
-    hand: the version's diff is made from them, and holds the changes the tables
-    give (:func:`versions.render_diff`), each entity as its line in the export."""
-    import io
-
-    import orjson
-
-    from lakehouse_assets import versions
-    from lakehouse_assets.journal import bucket_of
+@pytest.fixture
+def diffs_from_lines(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, int]]:
+    """The counts of each version diff made from an incremental export's lines
+    (the real :func:`diff_from_lines`, recorded), not read from the tables."""
     from lakehouse_assets.versions import publishing
 
     made: list[dict[str, int]] = []
@@ -239,6 +231,23 @@ def test_the_version_diff_of_an_incremental_export_is_the_tables_diff(
         return made[-1]
 
     monkeypatch.setattr(publishing, "diff_from_lines", from_lines)
+    return made
+
+
+def test_the_version_diff_of_an_incremental_export_is_the_tables_diff(
+    spark: Any, ds: Dataset, diffs_from_lines: list[dict[str, int]]
+) -> None:
+    """An incremental export has the changed entities' lines before and after in
+    hand: the version's diff is made from them, and holds the changes the tables
+    give (:func:`versions.render_diff`), each entity as its line in the export."""
+    import io
+
+    import orjson
+
+    from lakehouse_assets import versions
+    from lakehouse_assets.journal import bucket_of
+
+    made = diffs_from_lines
     ds.export(["index"])  # version 1: the first export
     base = sample_entities()
     ds.add_entity(entity("p-aa", "Anna First", country="fr"), origin="crawl")  # ADD
@@ -279,7 +288,7 @@ def test_the_version_diff_of_an_incremental_export_is_the_tables_diff(
 
 
 def test_the_diff_is_made_from_the_lines_after_a_forced_export_of_the_published_snapshot(
-    spark: Any, ds: Dataset, monkeypatch: pytest.MonkeyPatch
+    spark: Any, ds: Dataset, diffs_from_lines: list[dict[str, int]]
 ) -> None:
     """A version's publish leaves a translog commit that changes no data, so an
     export pinned after it (``export --force`` right after ``make``) starts the
@@ -290,16 +299,8 @@ def test_the_diff_is_made_from_the_lines_after_a_forced_export_of_the_published_
     import io
 
     from lakehouse_assets import versions
-    from lakehouse_assets.versions import publishing
 
-    made: list[dict[str, int]] = []
-    real = publishing.diff_from_lines
-
-    def from_lines(*args: Any) -> dict[str, int]:
-        made.append(real(*args))
-        return made[-1]
-
-    monkeypatch.setattr(publishing, "diff_from_lines", from_lines)
+    made = diffs_from_lines
     base = sample_entities()
     ds.export(["index"])  # version 1
     published = versions.snapshot_at(ds, ds.versions()[-1])
