@@ -51,13 +51,14 @@ from benchmarks.peer import (
 )
 from benchmarks.update import ORIGIN, change
 
-#: Our worker: the Python API of ``lakehouse_assets``; argv: lake, journal URL,
-#: dataset, origin, the changes as JSON [[entities file, deleted ids file], ...].
+#: Our worker: the Python API of ``lakehouse_assets`` on the lake and journal its
+#: environment names (``peer.ours``); argv: dataset, origin, the changes as JSON
+#: [[entities file, deleted ids file], ...].
 OURS_WARM = """
 import json, sys, time
 from lakehouse_assets.lake import Lakehouse
-lake, url, name, origin, plan = sys.argv[1:6]
-ds = Lakehouse(lake, journal_url=url).dataset(name)
+name, origin, plan = sys.argv[1:4]
+ds = Lakehouse().dataset(name)
 out = []
 for changed, deleted in json.loads(plan):
     ids = json.loads(open(deleted).read())
@@ -132,10 +133,8 @@ def main() -> None:
         OURS: ours(args.round / OURS, data, unused, work / "cache", None),
         PEER: peer(args.round / PEER, data, unused),
     }
-    lake = args.round / OURS / "lake"
-    url = f"sqlite:///{args.round / OURS / 'journal.sqlite'}"
     commands = {
-        OURS: [sys.executable, "-c", OURS_WARM, str(lake), url, DATASET, ORIGIN, json.dumps(plan)],
+        OURS: [sys.executable, "-c", OURS_WARM, DATASET, ORIGIN, json.dumps(plan)],
         PEER: [
             str(PEER_VENV / "bin" / "python"),
             "-c",

@@ -352,7 +352,7 @@ def _same_content(
     if since[1] is None:
         return False
     try:
-        at = DatasetSnapshot.load(ds.statements_table, ds.translog_table, since[1])
+        at = ds.snapshot(since[1])
     except DeltaError:  # its log entry is gone: the diff is read from the tables
         return False
     return at.content_key == old.content_key
