@@ -150,9 +150,7 @@ def postgres_options(url: URL) -> list[tuple[str, str]]:
                 setting, expect = word, False
             elif word == "-c":
                 expect = True
-            elif word.startswith("-c"):
-                setting = word[2:]
-            elif word.startswith("--"):
+            elif word.startswith("-c") or word.startswith("--"):
                 setting = word[2:]
             if setting and "=" in setting:
                 name, _, val = setting.partition("=")
