@@ -46,7 +46,13 @@ from lakehouse_assets.versions.diffs import (
     diff_from_lines,
     render_diff,
 )
-from lakehouse_assets.versions.feed import delta_retention, delta_versions, stamp_index
+from lakehouse_assets.versions.feed import (
+    DIFF_INDEX_FORMAT,
+    delta_retention,
+    delta_versions,
+    diff_index_entry,
+    stamp_index,
+)
 from lakehouse_assets.versions.hashes import canonical_json, manifest_hash, sha256_of
 from lakehouse_assets.versions.manifest import build_manifest, table_files, unchanged
 
@@ -302,20 +308,10 @@ def _finish(ds: DatasetContext, version: Version) -> None:
     index: dict[str, Any] = (
         json.loads(ds.store.read_text(index_path))
         if ds.store.exists(index_path)
-        else {"dataset": ds.name, "format": "entities.ftm.json delta", "diffs": []}
+        else {"dataset": ds.name, "format": DIFF_INDEX_FORMAT, "diffs": []}
     )
     if not any(d["sequence"] == version.sequence for d in index["diffs"]):
-        index["diffs"].append(
-            {
-                "sequence": version.sequence,
-                "snapshot_id": version.snapshot_id,
-                "version": version.version_id,
-                "version_hash": version.hash,
-                "parent_sequence": version.sequence - 1 if version.sequence > 1 else None,
-                "parent_hash": version.manifest["parent_hash"],
-                **version.manifest.get("diff", {}),
-            }
-        )
+        index["diffs"].append(diff_index_entry(version))
         index["diffs"].sort(key=lambda d: d["sequence"])
         index["versions"] = delta_versions(ds, index["diffs"], delta_retention(ds.store, ds.name))
         ds.store.write_text(index_path, json.dumps(index, indent=1))

@@ -261,7 +261,7 @@ def _check_pointer(
     by_seq = dict(entries)
     latest = latest_path(ds.name)
     if not ds.store.exists(latest):
-        # the pointer may lag but never lie; a missing one names no head at all
+        # a missing pointer names no head at all
         # (a publish interrupted before it, or removed): make writes it again
         report.problems.append(Problem(None, latest, "head pointer is missing (run make)"))
     else:
@@ -272,13 +272,25 @@ def _check_pointer(
             report.problems.append(Problem(None, latest, "not a valid pointer"))
         else:
             entry = by_seq.get(seq)
-            if entry is None or entry["hash"] != pointer.get("hash"):
+            if (
+                entry is None
+                or entry["hash"] != pointer.get("hash")
+                or entry["path"] != pointer.get("path")
+            ):
                 report.problems.append(
                     Problem(seq, latest, "points at a manifest the chain does not have")
                 )
             elif seq < entries[-1][0]:
-                report.notes.append(
-                    f"latest.json lags: it names {seq}, the head is {entries[-1][0]}"
+                # readers outside the lakehouse trust the pointer: an older
+                # version there is a rollback (or a publish that died before
+                # writing it, which the next make finishes)
+                report.problems.append(
+                    Problem(
+                        seq,
+                        latest,
+                        f"names version {seq} but the head is {entries[-1][0]}: rolled "
+                        "back, or a publish was interrupted (make writes it again)",
+                    )
                 )
     if trusted_head and entries[-1][1]["hash"] != trusted_head:
         report.problems.append(
