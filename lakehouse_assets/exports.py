@@ -491,6 +491,7 @@ def export(
                 or not is_fresh(ds, INDEX)
                 or spark_kinds
                 or not versions.published_intact(ds, INDEX)
+                or versions.graph_unpublished(ds)
             ):
                 progress.stage("export %s: index.json and the version manifest", ds.name)
                 statistics = tags.get(cv.EXPORTS_STATISTICS)
