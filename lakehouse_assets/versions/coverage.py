@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.conventions import diff_index_path
-from lakehouse_assets.tables.delta import DeltaLocation
+from lakehouse_assets.tables.delta import OWN_COMMIT_KEYS, DeltaLocation
 from lakehouse_assets.versions.feed import (
     DIFF_INDEX_FORMAT,
     LAKEHOUSE_VERSION,
@@ -48,13 +48,6 @@ if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
     from lakehouse_assets.versions.chain import Version
 
-#: Commit metadata a lakehouse commit carries: flush, compact, optimize, vacuum,
-#: schema evolution (``lakehouse.operation``), the version anchor, the graph index.
-OWN_COMMIT_KEYS: Final = (
-    "lakehouse.operation",
-    "lakehouse.manifest_hash",
-    "lakehouse.graph.reflects_translog",
-)
 #: Lakehouse commits that change no row a reader reads.
 NO_DATA_OPERATIONS: Final = ("vacuum",)
 
