@@ -6,6 +6,7 @@ generations and tombstones).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,12 +45,15 @@ from lakehouse_assets.tables.snapshot import (
     arrow_dataset,
     forget_footers,
 )
+from lakehouse_assets.tables.writers import foreign_commits
 
 if TYPE_CHECKING:
     import duckdb
 
     from lakehouse_assets.context import DatasetContext
     from lakehouse_assets.tables.delta import CommitFence as Fence
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -262,6 +266,14 @@ def update(ds: DatasetContext) -> GraphResult:
                 ds.statements_table, ds.translog_table, state.translog_version
             )
         except Exception:  # the version the index reflects was cleaned up
+            return _rebuild(ds, fence)
+        if foreign_commits(ds.statements_table, state.statements_version) or foreign_commits(
+            ds.translog_table, state.translog_version
+        ):
+            # another writer changed rows the change feed and the translog
+            # comparison know nothing of (a delta-rs delete() leaves the
+            # translog as it was): only a rebuild reads what the tables hold
+            log.info("%s: the tables were changed by another writer: graph rebuild", ds.name)
             return _rebuild(ds, fence)
         new = ds.snapshot()
         result = GraphResult("update", reflects=new.versions)

@@ -33,6 +33,7 @@ from lakehouse_assets.staging import scratch_dir
 from lakehouse_assets.tables.delta import DeltaLocation, commit
 from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
 from lakehouse_assets.tables.snapshot import DatasetSnapshot
+from lakehouse_assets.tables.writers import foreign_commits
 from lakehouse_assets.versions.asof import (
     VersionDamagedError,
     VersionExpiredError,
@@ -294,6 +295,22 @@ def published_intact(ds: DatasetContext, kind: str) -> bool:
         except (ValueError, AttributeError):
             return False
     return sha256_of(ds, full) == str(entry["sha256"])
+
+
+def foreign_since_head(ds: DatasetContext) -> list[str]:
+    """The commits after the head's table versions (every commit, with no version
+    yet) that another writer made (:func:`~lakehouse_assets.tables.writers.foreign_commits`),
+    as ``statements v7``: the exports' freshness tags know nothing of them, so
+    ``make`` rebuilds every export and publishes what the tables now hold."""
+    try:
+        version = head(ds)
+    except (LakehouseError, ValueError, KeyError):
+        version = None
+    found = []
+    for name, location in (("statements", ds.statements_table), ("translog", ds.translog_table)):
+        since = version.table_version(name) if version is not None else None
+        found += [f"{name} v{v}" for v in foreign_commits(location, since)]
+    return found
 
 
 def graph_unpublished(ds: DatasetContext) -> bool:
