@@ -477,7 +477,9 @@ def export(
                 ", ".join(sorted(spark_kinds)),
                 *snapshot.versions,
             )
-            refreshed, result.reason = incremental.attempt(ds, spark_kinds, snapshot, force=force)
+            refreshed, result.reason = incremental.attempt(
+                ds, spark_kinds, snapshot, force=force, trusted=versions.trusted_export_state(ds)
+            )
             result.mode = "full" if refreshed is None else "incremental"
             if refreshed is not None:
                 result.written.update(refreshed.written)

@@ -281,6 +281,35 @@ class ExportState:
             ds.store.delete(self.path(ds, previous.index_file))
 
 
+def state_digests(ds: DatasetContext) -> dict[str, Any] | None:
+    """What a version records of the export state (None without one): the SHA-256
+    of ``state.json`` and of the index it names. The next incremental export
+    trusts the state only if these match its head's record (:func:`attempt`);
+    ``verify`` holds the state to the head the same way."""
+    path = ExportState.path(ds)
+    if not ds.store.exists(path):
+        return None
+    raw = ds.store.read_bytes(path)
+    try:
+        index_file = str(json.loads(raw)["index_file"])
+    except (ValueError, KeyError, TypeError):
+        index_file = ""
+    index_path = ExportState.path(ds, index_file) if index_file else ""
+    index_sha = None
+    if index_file and "/" not in index_file and ds.store.exists(index_path):
+        digest = hashlib.sha256()
+        with ds.store.open_read(index_path) as fh:
+            while chunk := fh.read(CHUNK):
+                digest.update(chunk)
+        index_sha = digest.hexdigest()
+    return {
+        "path": cv.EXPORT_STATE + "/state.json",
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "index_file": index_file,
+        "index_sha256": index_sha,
+    }
+
+
 def drop_state(ds: DatasetContext) -> None:
     """Forget the state (the files it describes are being replaced by other means)."""
     if ds.store.exists(ExportState.path(ds)):
@@ -853,12 +882,45 @@ def refresh(
         staging.remove(ds, staging_rel)
 
 
+class Trusted(NamedTuple):
+    """The head version's record of the export state (``record`` None: it has none)."""
+
+    sequence: int
+    record: dict[str, Any] | None
+
+
+def _untrusted(ds: DatasetContext, trusted: Trusted) -> str | None:
+    """Why the export state on the lake is not the one the head recorded (None: it is)."""
+    if trusted.record is None:
+        return (
+            f"version {trusted.sequence} records no export state (published before "
+            "states were covered by versions)"
+        )
+    found = state_digests(ds) or {}
+    if any(found.get(k) != trusted.record.get(k) for k in ("sha256", "index_file", "index_sha256")):
+        return (
+            f"the export state is not the one version {trusted.sequence} recorded "
+            "(altered, or written by an export no version published)"
+        )
+    return None
+
+
 @progress.part("exports")
 def attempt(
-    ds: DatasetContext, kinds: frozenset[str], snapshot: DatasetSnapshot, *, force: bool = False
+    ds: DatasetContext,
+    kinds: frozenset[str],
+    snapshot: DatasetSnapshot,
+    *,
+    force: bool = False,
+    trusted: Trusted | None = None,
 ) -> tuple[Refreshed | None, str | None]:
     """The three exports of ``snapshot`` from the last ones and the change feed
-    (:func:`refresh`), or None and why the full pass must run instead (logged)."""
+    (:func:`refresh`), or None and why the full pass must run instead (logged).
+
+    ``trusted``: what the head version recorded of the export state
+    (:func:`state_digests`): a state that is not what the head covers (altered,
+    or written by an export no version published) is not used. None: there is
+    no version to hold it to (the dataset's first)."""
     reason = None
     state = ExportState.load(ds)
     if force:
@@ -867,6 +929,8 @@ def attempt(
         reason = "incremental exports write all three of " + ", ".join(sorted(ALL_THREE))
     elif state is None:
         reason = "no export state (a first export, or one older than incremental exports)"
+    elif trusted is not None and (why := _untrusted(ds, trusted)) is not None:
+        reason = why
     else:
         changes = changes_between(
             ds.changes_table,

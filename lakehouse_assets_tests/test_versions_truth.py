@@ -169,3 +169,52 @@ def test_a_foreign_append_is_in_the_next_versions_diff(
     diff, lines = head_diff(ds)
     assert apply(before, lines) == after, diff
     assert_verified(ds)
+
+
+# --- caches --------------------------------------------------------------------
+
+
+def _forge_state_count(ds: Dataset) -> None:
+    """What issue 52 did: 1000 added to a schema count of the export state."""
+    path = cv.dataset_path(ds.name, cv.EXPORT_STATE, "state.json")
+    state = json.loads(ds.store.read_text(path))
+    schema = sorted(state["aggregates"]["schemas"])[0]
+    state["aggregates"]["schemas"][schema][0] += 1000
+    ds.store.write_text(path, json.dumps(state, sort_keys=True))
+
+
+def test_a_forged_export_state_is_caught_and_never_published(
+    spark: SparkSession, local_lake: Lakehouse
+) -> None:
+    ds = local_lake.create_dataset("forged_state")
+    for entity in ENTITIES[:10]:
+        ds.add_entity(entity)
+    ds.make()
+    assert_verified(ds)
+    _forge_state_count(ds)
+    report = ds.verify()
+    assert any("export state differs" in p.message for p in report.problems), report.problems
+    ds.add_entity(ENTITIES[10])
+    result = ds.make()
+    assert result.mode == "full" and "export state" in str(result.reason), result.reason
+    stats = json.loads(ds.store.read_text(cv.dataset_path(ds.name, cv.STATISTICS_JSON)))
+    assert stats["entity_count"] == len(entities_of(entities_file(ds))) == 11
+    assert_verified(ds, deep=True)
+    # the next change is incremental again: the state the new version covers
+    ds.add_entity(ENTITIES[11])
+    assert ds.make().mode == "incremental"
+    assert_verified(ds, deep=True)
+
+
+def test_deep_verify_recomputes_the_statistics(spark: SparkSession, local_lake: Lakehouse) -> None:
+    ds = local_lake.create_dataset("deep_statistics")
+    for entity in ENTITIES:
+        ds.add_entity(entity)
+    ds.make()
+    assert_verified(ds, deep=True)
+    path = cv.dataset_path(ds.name, cv.STATISTICS_JSON)
+    stats = json.loads(ds.store.read_text(path))
+    stats["entity_count"] += 1000
+    ds.store.write_text(path, json.dumps(stats, indent=2))
+    problems = [p.message for p in ds.verify(deep=True).problems]
+    assert any("statistics differ from those of the published entities" in m for m in problems)

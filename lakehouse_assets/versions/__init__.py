@@ -132,6 +132,7 @@ from lakehouse_assets.versions.publishing import (
     publish,
     publish_relayout,
     published_intact,
+    trusted_export_state,
 )
 from lakehouse_assets.versions.render import logical_hash, render_export
 from lakehouse_assets.versions.report import Problem, VerifyReport
@@ -195,6 +196,7 @@ __all__ = [
     "version_snapshot",
     "table_files",
     "trace",
+    "trusted_export_state",
     "unchanged",
     "vacuum_ran",
     "verify",

@@ -339,6 +339,37 @@ def check_graph(
             report.problems.append(Problem(head.sequence, path, "graph index file differs"))
 
 
+def check_export_state(ds: DatasetContext, head: Version, report: VerifyReport) -> None:
+    """``exports/_state`` (what the next incremental export subtracts from and
+    splices into) as the head recorded it: a state no version covers would be
+    trusted by no export, and one altered would launder wrong statistics."""
+    from lakehouse_assets.incremental import state_digests
+
+    caches = head.manifest.get("caches")
+    path = cv.dataset_path(ds.name, cv.EXPORT_STATE, "state.json")
+    if caches is None:
+        report.notes.append(
+            f"version {head.sequence} was published before the export state was covered: "
+            "it is checked from the next version on"
+        )
+        return
+    recorded = caches.get("export_state")
+    found = state_digests(ds)
+    if recorded == found:
+        return
+    if found is None:
+        report.problems.append(Problem(head.sequence, path, "export state is missing"))
+    else:
+        report.problems.append(
+            Problem(
+                head.sequence,
+                path,
+                "export state differs from the head's manifest (altered, or written by an "
+                "export and not published: run make)",
+            )
+        )
+
+
 #: The keys of the diffs' index: nothing else is written, so nothing else may be there.
 DIFF_INDEX_KEYS: Final = frozenset({"dataset", "format", "diffs", "versions"})
 

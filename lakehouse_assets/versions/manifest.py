@@ -284,7 +284,20 @@ def build_manifest(
     graph = _graph_entry(ds, snapshot, parent)
     if graph is not None:
         manifest["graph"] = graph
+    manifest["caches"] = caches_entry(ds)
     return manifest
+
+
+def caches_entry(ds: DatasetContext) -> dict[str, Any]:
+    """What the version covers of the caches the next operations trust: the
+    incremental export's state (:func:`~lakehouse_assets.incremental.state_digests`;
+    the next incremental export uses it only if it matches, ``verify`` holds it
+    to the head). The change feed is a table of the manifest's own, the graph
+    index has its entry (:func:`_graph_entry`)."""
+    from lakehouse_assets.incremental import state_digests
+
+    state = state_digests(ds)
+    return {} if state is None else {"export_state": state}
 
 
 def _graph_entry(
@@ -372,6 +385,7 @@ def unchanged(manifest: Mapping[str, Any], parent: Version | None) -> bool:
         and table_files(manifest) == table_files(old)
         and (manifest.get("graph") or {}).get("state_core_sha256")
         == (old.get("graph") or {}).get("state_core_sha256")
+        and (manifest.get("caches") or {}) == (old.get("caches") or {})
     )
 
 

@@ -64,7 +64,7 @@ from lakehouse_assets.versions.manifest import (
 
 if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
-    from lakehouse_assets.incremental import ChangedLines
+    from lakehouse_assets.incremental import ChangedLines, Trusted
 
 log = logging.getLogger(__name__)
 
@@ -311,6 +311,21 @@ def foreign_since_head(ds: DatasetContext) -> list[str]:
         since = version.table_version(name) if version is not None else None
         found += [f"{name} v{v}" for v in foreign_commits(location, since)]
     return found
+
+
+def trusted_export_state(ds: DatasetContext) -> Trusted | None:
+    """The head's record of the export state, for the next incremental export
+    (:func:`~lakehouse_assets.incremental.attempt`); None without a version."""
+    from lakehouse_assets.incremental import Trusted
+
+    try:
+        version = head(ds)
+    except (LakehouseError, ValueError, KeyError):
+        return Trusted(0, None)  # a head that cannot be read vouches for nothing
+    if version is None:
+        return None
+    record = (version.manifest.get("caches") or {}).get("export_state")
+    return Trusted(version.sequence, record if isinstance(record, dict) else None)
 
 
 def graph_unpublished(ds: DatasetContext) -> bool:
