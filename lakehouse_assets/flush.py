@@ -839,7 +839,7 @@ def _record_changes_on_driver(
     actions = write_table(
         changes, location.uri, location.storage_options, CHANGES_SCHEMA, prefix="changes"
     )
-    _commit_changes(ds, actions, flush_id, fence)
+    _commit_changes(ds, actions, flush_id, fence, version)
 
 
 def record_changes(
@@ -890,19 +890,25 @@ def record_changes(
         staging_uri=staging_uri,
         prefix="changes",
     )
-    _commit_changes(ds, actions, flush_id, fence)
+    _commit_changes(ds, actions, flush_id, fence, version)
 
 
 def _commit_changes(
-    ds: DatasetContext, actions: Sequence[AddAction], flush_id: str, fence: Fence
+    ds: DatasetContext, actions: Sequence[AddAction], flush_id: str, fence: Fence, version: int
 ) -> None:
-    """Commit a batch's change feed files (:mod:`.tables.feed`)."""
+    """Commit a batch's change feed files (:mod:`.tables.feed`), saying which
+    translog version they record (a reader checks the feed's commits back to it)."""
     location = ds.changes_table
     commit(
         location,
         actions,
         schema=CHANGES_SCHEMA,
-        metadata={"lakehouse.operation": "flush", "dataset": ds.name, "flush_id": flush_id},
+        metadata={
+            "lakehouse.operation": "flush",
+            "dataset": ds.name,
+            "flush_id": flush_id,
+            feed.TRANSLOG_VERSION_KEY: version,
+        },
         fence=fence,
         read_version=Snapshot.load(location).version,
     )

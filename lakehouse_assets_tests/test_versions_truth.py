@@ -218,3 +218,56 @@ def test_deep_verify_recomputes_the_statistics(spark: SparkSession, local_lake: 
     ds.store.write_text(path, json.dumps(stats, indent=2))
     problems = [p.message for p in ds.verify(deep=True).problems]
     assert any("statistics differ from those of the published entities" in m for m in problems)
+
+
+def test_a_rewritten_change_feed_is_caught_and_hides_nothing(
+    spark: SparkSession, local_lake: Lakehouse
+) -> None:
+    """A delta-rs delete() of an entity's rows in the change feed after its update
+    was flushed: plain verify says so, and the next make does not trust the
+    feed (a full pass), so the version holds the update and its diff says MOD."""
+    ds = local_lake.create_dataset("feed_rewritten")
+    for entity in ENTITIES[:10]:
+        ds.add_entity(entity)
+    ds.make()
+    before = entities_of(entities_file(ds))
+    changed = json.loads(json.dumps(ENTITIES[0]))
+    changed["properties"]["name"].append("ACME Renamed")
+    ds.add_entity(changed)
+    ds.flush()
+    feed = ds.changes_table
+    table = DeltaTable(feed.uri, storage_options=feed.storage_options)
+    table.delete(f"canonical_id = '{changed['id']}'")
+    problems = [p.message for p in ds.verify().problems]
+    assert any("not made by a lakehouse operation" in m for m in problems), problems
+    result = ds.make()
+    assert result.mode == "full" and "change feed" in str(result.reason), result.reason
+    after = entities_of(entities_file(ds))
+    assert "ACME Renamed" in after[changed["id"]]["properties"]["name"]
+    diff, lines = head_diff(ds)
+    assert diff["counts"]["MOD"] == 1, diff
+    assert apply(before, lines) == after
+    assert_verified(ds, deep=True)
+
+
+def test_the_change_feed_is_covered_by_each_version(
+    spark: SparkSession, local_lake: Lakehouse
+) -> None:
+    """A feed file rewritten in place (no commit at all) fails plain verify."""
+    ds = local_lake.create_dataset("feed_covered")
+    for entity in ENTITIES[:6]:
+        ds.add_entity(entity)
+    ds.make()
+    for entity in ENTITIES[6:]:
+        ds.add_entity(entity)
+    ds.make()
+    version = ds.version()
+    assert version is not None and version.manifest["tables"]["changes"]["files"]
+    assert_verified(ds)
+    entry = version.manifest["tables"]["changes"]["files"][0]
+    path = cv.dataset_path(ds.name, cv.CHANGES_TABLE, entry["path"])
+    data = bytearray(ds.store.read_bytes(path))
+    data[len(data) // 2] ^= 0xFF
+    ds.store.write_bytes(path, bytes(data))
+    problems = [(p.file, p.message) for p in ds.verify().problems]
+    assert (path, "data file content differs") in problems, problems

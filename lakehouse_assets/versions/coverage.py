@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.conventions import diff_index_path
 from lakehouse_assets.tables.delta import OWN_COMMIT_KEYS, DeltaLocation
+from lakehouse_assets.tables.snapshot import Snapshot
 from lakehouse_assets.versions.feed import (
     DIFF_INDEX_FORMAT,
     LAKEHOUSE_VERSION,
@@ -185,6 +186,7 @@ def check_after_head(ds: DatasetContext, head: Version, report: VerifyReport) ->
     for name, table_dir, location in (
         ("statements", cv.STATEMENTS_TABLE, ds.statements_table),
         ("translog", cv.TRANSLOG_TABLE, ds.translog_table),
+        ("changes", cv.CHANGES_TABLE, ds.changes_table),
     ):
         try:
             commits, missing = commits_after(ds, table_dir, location, head.table_version(name))
@@ -232,7 +234,10 @@ def check_after_head(ds: DatasetContext, head: Version, report: VerifyReport) ->
     for name, table_dir, snap in (
         ("statements", cv.STATEMENTS_TABLE, snapshot.statements),
         ("translog", cv.TRANSLOG_TABLE, snapshot.translog),
+        ("changes", cv.CHANGES_TABLE, Snapshot.load(ds.changes_table)),
     ):
+        if name not in added:
+            continue
         named = {
             f["path"] for f in (head.manifest.get("tables", {}).get(name) or {}).get("files", [])
         }

@@ -226,9 +226,13 @@ def build_manifest(
     if parent is not None and created <= parent.created_at:  # monotonic, even with clock skew
         created = parent.created_at + timedelta(microseconds=1)
     tables: dict[str, Any] = {}
+    # the change feed as it is now: the next incremental export trusts its rows,
+    # so the version covers its files and log like the tables' (verify holds them)
+    feed = ds.changes_table.table()
     for name, location, version in (
         ("statements", ds.statements_table, snapshot.statements.version),
         ("translog", ds.translog_table, snapshot.translog.version),
+        ("changes", ds.changes_table, None if feed is None else feed.version()),
     ):
         entry = _table_entry(ds, name, location, version, parent)
         if entry is not None:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.conventions import CHAIN, _table_dir, chain_entry_path, latest_path
 from lakehouse_assets.errors import LakehouseError
-from lakehouse_assets.tables.delta import add_actions
+from lakehouse_assets.tables.delta import DeltaLocation, add_actions
+from lakehouse_assets.tables.snapshot import Snapshot
 from lakehouse_assets.versions import coverage as verify_coverage
 from lakehouse_assets.versions.asof import snapshot_at
 from lakehouse_assets.versions.chain import Version
@@ -29,6 +30,16 @@ from lakehouse_assets.versions.report import Problem, VerifyReport
 
 if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
+
+
+def TABLES(ds: DatasetContext) -> tuple[tuple[str, DeltaLocation], ...]:  # noqa: N802
+    """The tables a manifest covers, by the name it gives them: the statements,
+    the translog and the change feed (which incremental exports trust)."""
+    return (
+        ("statements", ds.statements_table),
+        ("translog", ds.translog_table),
+        ("changes", ds.changes_table),
+    )
 
 
 class _Hasher:
@@ -171,6 +182,7 @@ def verify(
         current = {
             "statements": {f.path for f in latest.statements.files},
             "translog": {f.path for f in latest.translog.files},
+            "changes": {f.path for f in Snapshot.load(ds.changes_table).files},
         }
     except Exception as exc:  # a broken Delta log
         report.problems.append(Problem(None, "tables", f"Delta log unreadable: {exc}"))
@@ -182,7 +194,7 @@ def verify(
             location,
             head_version.table_version(name) if head_version is not None else None,
         )
-        for name, location in (("statements", ds.statements_table), ("translog", ds.translog_table))
+        for name, location in TABLES(ds)
     }
     for version in versions:
         _check_files(ds, version, current, vacuumed, hasher, report)
@@ -398,7 +410,7 @@ def _check_files(
 
 def _check_head_tables(ds: DatasetContext, version: Version, report: VerifyReport) -> None:
     """The Delta log at the head's versions lists exactly the files the manifest names."""
-    for name, location in (("statements", ds.statements_table), ("translog", ds.translog_table)):
+    for name, location in TABLES(ds):
         entry = version.manifest.get("tables", {}).get(name)
         if entry is None:
             continue
