@@ -343,7 +343,36 @@ def full_state(
     aggregates = Aggregates()
     aggregates.add(index)
     aggregates.prune()
+    if _same_state(ds, snapshot.versions, files, aggregates, index):
+        log.info("%s: the export state describes these files already: kept", ds.name)
+        return
     ExportState(snapshot.versions, "", files, aggregates).save(ds, index)
+
+
+def _same_state(
+    ds: DatasetContext,
+    versions: tuple[int | None, int | None],
+    files: dict[str, dict[str, Any]],
+    aggregates: Aggregates,
+    index: pa.Table,
+) -> bool:
+    """Whether the state on the lake says what a full pass just computed: the same
+    files, aggregates and per-entity index, from a snapshot no later than this
+    one (an earlier start only widens the next change window). A forced full
+    pass of unchanged content then leaves the state the head covers as it is,
+    and ``make --force`` publishes no version for nothing."""
+    previous = ExportState.load(ds)
+    if previous is None or previous.files != files or asdict(previous.aggregates) != asdict(
+        aggregates
+    ):
+        return False
+    for before, now in zip(previous.snapshot, versions, strict=True):
+        if before is None or now is None or before > now:
+            return False
+    try:
+        return bool(previous.index(ds).equals(index))
+    except (OSError, ValueError, pa.ArrowInvalid):
+        return False
 
 
 def _sorted_ids(index: pa.Table) -> bool:
