@@ -362,8 +362,10 @@ def _same_state(
     pass of unchanged content then leaves the state the head covers as it is,
     and ``make --force`` publishes no version for nothing."""
     previous = ExportState.load(ds)
-    if previous is None or previous.files != files or asdict(previous.aggregates) != asdict(
-        aggregates
+    if (
+        previous is None
+        or previous.files != files
+        or asdict(previous.aggregates) != asdict(aggregates)
     ):
         return False
     for before, now in zip(previous.snapshot, versions, strict=True):

@@ -33,6 +33,7 @@ from lakehouse_assets.tables.delta import DeltaLocation, commit, remove_action
 from lakehouse_assets.tables.schemas import STATEMENTS_PARTITION, STATEMENTS_SCHEMA, TRANSLOG_SCHEMA
 from lakehouse_assets.tables.snapshot import DataFile, DatasetSnapshot, Snapshot
 from lakehouse_assets.tables.spark_io import live_frame, read_snapshot, write_files
+from lakehouse_assets.tables.writers import foreign_commits
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +59,29 @@ class Rewrite:
 
 
 def covered_head(ds: DatasetContext, before: DatasetSnapshot) -> Version | None:
-    """The head, if it names exactly the files of ``before`` (nothing unpublished):
+    """The head, if it names exactly the files of ``before`` (nothing unpublished,
+    no other writer's commit since):
     a rewrite of ``before`` then needs only a version that carries the head's
     statements over to the new files."""
     from lakehouse_assets import versions
 
     head = versions.head(ds)
-    return head if head is not None and versions.covers(head, before) else None
+    if head is None or not versions.covers(head, before):
+        return None
+    # another writer's commits after the versions readers read: the rewrite
+    # reads the latest table, so it would carry their change under a version
+    # that claims no entity changed (the next make publishes it with its diff)
+    if foreign_commits(ds.statements_table, before.statements.version) or foreign_commits(
+        ds.translog_table, before.translog.version
+    ):
+        return None
+    return head
+
+
+def _has_versions(ds: DatasetContext) -> bool:
+    from lakehouse_assets import versions
+
+    return versions.head(ds) is not None
 
 
 def publish_rewrite(ds: DatasetContext, rewrite: Rewrite, operation: str) -> dict[str, Any]:
@@ -509,7 +526,19 @@ def _optimize(
             )
             current = ds.snapshot().statements.version
             latest = main.table()
+            # the published head must stay readable (as-of reads, verify --deep):
+            # with changes it does not cover, this optimize publishes no version
+            # of its own, and a vacuum would delete files only the head names
+            unpublished = parent is None and _has_versions(ds)
+            if unpublished:
+                log.warning(
+                    "optimize %s: the tables hold changes no version published: not "
+                    "vacuumed (run make, then optimize --vacuum)",
+                    ds.name,
+                )
             for location in (ds.statements_table, ds.translog_table):
+                if unpublished:
+                    continue
                 if (
                     location is ds.statements_table
                     and latest is not None

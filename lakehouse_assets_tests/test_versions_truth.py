@@ -37,7 +37,7 @@ from lakehouse_assets_tests.helpers.data import entities_of
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-pytestmark = pytest.mark.spark_modes
+pytestmark = pytest.mark.slow
 
 ENTITIES = sample_entities()
 

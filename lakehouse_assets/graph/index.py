@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -48,8 +49,6 @@ from lakehouse_assets.tables.snapshot import (
 from lakehouse_assets.tables.writers import foreign_commits
 
 if TYPE_CHECKING:
-    import duckdb
-
     from lakehouse_assets.context import DatasetContext
     from lakehouse_assets.tables.delta import CommitFence as Fence
 
@@ -298,7 +297,10 @@ def update(ds: DatasetContext) -> GraphResult:
                     ]
                 )
             else:  # anything else (compact, optimize): compare the translogs
-                new_rows, old_rows = changed_translog_rows(ds, old, new)
+                try:
+                    new_rows, old_rows = changed_translog_rows(ds, old, new)
+                except (OSError, duckdb.Error):  # the old files were vacuumed
+                    return _rebuild(ds, fence)
                 after, before = _live_keys(new_rows), _live_keys(old_rows)
                 added = after.join(before, keys=["origin", "id"], join_type="left anti")
                 removed = before.join(after, keys=["origin", "id"], join_type="left anti")
@@ -327,14 +329,16 @@ def update(ds: DatasetContext) -> GraphResult:
                 # changed no edge (after a compact) leaves the index as the
                 # head published it, so verify has nothing to report (issue 52)
                 state.generations.append(generation)
-            for prop, n in _count_by_prop(edges).items():
-                state.by_prop[prop] = state.by_prop.get(prop, 0) + n
-            for prop, n in _count_by_prop(gone).items():
-                state.by_prop[prop] = state.by_prop.get(prop, 0) - n
-            state.by_prop = {k: v for k, v in state.by_prop.items() if v > 0}
-            state.edges += edges.num_rows - gone.num_rows
-            state.tombstones += gone.num_rows
-            state.dangling = None  # known after a rebuild
+                for prop, n in _count_by_prop(edges).items():
+                    state.by_prop[prop] = state.by_prop.get(prop, 0) + n
+                for prop, n in _count_by_prop(gone).items():
+                    state.by_prop[prop] = state.by_prop.get(prop, 0) - n
+                state.by_prop = {k: v for k, v in state.by_prop.items() if v > 0}
+                state.edges += edges.num_rows - gone.num_rows
+                state.tombstones += gone.num_rows
+            # entities came or went: edges into them may have started or stopped
+            # dangling, which only a rebuild counts
+            state.dangling = None
             result.added, result.tombstoned = edges.num_rows, gone.num_rows
         state.translog_version = new.translog.version
         state.statements_version = new.statements.version

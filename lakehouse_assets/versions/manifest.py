@@ -350,6 +350,7 @@ def _graph_entry(
         "edges": state.edges,
         "by_prop": dict(state.by_prop),
         "tombstones": state.tombstones,
+        "dangling": state.dangling,
         "state_sha256": hashlib.sha256(state_bytes).hexdigest(),
         # what lookups trust: state.json without the fields every update rewrites,
         # and every file it lists, hashed (verify holds both to the head)
