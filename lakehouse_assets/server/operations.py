@@ -1,0 +1,266 @@
+"""Operations (flush, make, export, compact, optimize) on the server's background worker.
+
+A request never runs an operation: it submits a job and gets its id (202,
+``Location`` the job's route); the worker runs the jobs, one at a time per
+dataset (the facade's dataset locks also keep other processes out), and
+records each job's state as JSON under ``LAKEHOUSE_API_STATE_DIR/jobs``, so
+every worker process of the host can report it. On shutdown the running
+jobs finish and the queued ones are cancelled.
+
+The peer's ``POST /{dataset}/_api/entities/flush`` and ``.../merge`` answer
+when their job is done (the count, or ``ok``), as the peer does, unless it
+takes longer than ``LAKEHOUSE_API_OPERATION_WAIT_SECONDS``: then 202 with the job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final, Literal
+
+from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets.errors import SourceNotFoundError
+from lakehouse_assets.lake import Dataset
+from lakehouse_assets.server.deps import DatasetDep, staging_dir
+from lakehouse_assets.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["flush", "make", "export", "compact", "optimize"]
+#: the peer's job names (``DatasetJobModel`` class names) and ours
+NAMES: Final[dict[str, Kind]] = {
+    "flush": "flush",
+    "FlushJob": "flush",
+    "make": "make",
+    "MakeJob": "make",
+    "export": "export",
+    "ExportJob": "export",
+    "compact": "compact",
+    "MergeJob": "compact",
+    "optimize": "optimize",
+    "OptimizeJob": "optimize",
+}
+EXPORT_KINDS: Final = ("statements", "entities", "statistics", "index")
+JOB_ID: Final = re.compile(r"^[0-9a-f]{32}$")
+#: how many operations the worker runs at once (on different datasets)
+THREADS: Final = 2
+
+
+@dataclass
+class Job:
+    """One submitted operation and what became of it."""
+
+    id: str
+    dataset: str
+    tenant: str
+    operation: Kind
+    params: dict[str, Any]
+    state: Literal["queued", "running", "succeeded", "failed", "cancelled"] = "queued"
+    submitted_at: str = field(default_factory=lambda: cv.utcnow().isoformat())
+    started_at: str | None = None
+    finished_at: str | None = None
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class Worker:
+    """Runs submitted jobs on a few threads, one job per dataset at a time."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.folder = staging_dir(settings).parent / "jobs"
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._pool: ThreadPoolExecutor | None = None
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.futures: dict[str, Future[Job]] = {}
+        self.errors: dict[str, BaseException] = {}
+
+    def start(self) -> None:
+        self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="lakehouse-operation")
+
+    def stop(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        for job_id, future in list(self.futures.items()):
+            if future.cancelled():
+                job = self.load(job_id)
+                if job is not None and job.state == "queued":
+                    job.state = "cancelled"
+                    self.save(job)
+
+    def save(self, job: Job) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".job-")
+        with os.fdopen(fd, "w") as out:
+            json.dump(asdict(job), out)
+        os.replace(tmp, self.folder / f"{job.id}.json")
+
+    def load(self, job_id: str) -> Job | None:
+        if not JOB_ID.match(job_id):
+            raise ValueError(f"job id {job_id[:40]!r}: 32 hex characters")
+        path = self.folder / f"{job_id}.json"
+        if not path.exists():
+            return None
+        return Job(**json.loads(path.read_text()))
+
+    def jobs_of(self, dataset: str) -> list[dict[str, Any]]:
+        """This server's jobs of a dataset, newest first (at most 20)."""
+        found = []
+        for path in self.folder.glob("*.json"):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if data.get("dataset") == dataset:
+                found.append(data)
+        found.sort(key=lambda d: str(d.get("submitted_at")), reverse=True)
+        return found[:20]
+
+    def submit(self, ds: Dataset, operation: Kind, params: dict[str, Any]) -> Job:
+        if self._pool is None:
+            raise HTTPException(503, detail="the server is not running its worker")
+        job = Job(uuid.uuid4().hex, ds.name, ds.tenant, operation, params)
+        self.save(job)
+        self.futures[job.id] = self._pool.submit(self._run, job, ds)
+        return job
+
+    def _lock(self, dataset: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(dataset, threading.Lock())
+
+    def _run(self, job: Job, ds: Dataset) -> Job:
+        with self._lock(job.dataset):
+            job.state = "running"
+            job.started_at = cv.utcnow().isoformat()
+            self.save(job)
+            try:
+                job.result = run_operation(ds, job.operation, job.params)
+                job.state = "succeeded"
+            except BaseException as exc:  # recorded, and re-raised to whoever waits
+                log.exception("operation %s of %s failed", job.operation, job.dataset)
+                job.state = "failed"
+                job.error = f"{type(exc).__name__}: {exc}"
+                self.errors[job.id] = exc
+            job.finished_at = cv.utcnow().isoformat()
+            self.save(job)
+            return job
+
+
+def run_operation(ds: Dataset, operation: Kind, params: dict[str, Any]) -> dict[str, Any]:
+    """Run one operation through the facade; its result as a dict."""
+    force = bool(params.get("force", False))
+    runs: dict[Kind, Callable[[], Any]] = {
+        "flush": ds.flush,
+        "make": lambda: ds.make(force=force),
+        "export": lambda: ds.export(params.get("kinds") or list(EXPORT_KINDS), force=force),
+        "compact": ds.compact,
+        "optimize": lambda: ds.optimize(vacuum=bool(params.get("vacuum", False))),
+    }
+    result = runs[operation]()
+    data: dict[str, Any] = json.loads(json.dumps(result.as_dict(), default=str))
+    return data
+
+
+class OperationBody(BaseModel):
+    """A job to run: ``name`` (ours: flush, make, export, compact, optimize; or the
+    peer's ``MakeJob``, ``ExportJob``, ``OptimizeJob``...), and its options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    dataset: str | None = Field(default=None, description="Ignored: the path names it.")
+    kind: str | None = Field(default=None, description="ExportJob: one export kind.")
+    kinds: list[str] | None = Field(default=None, description="export: the kinds to run.")
+    force: bool = False
+    vacuum: bool = False
+
+
+router = APIRouter(tags=["operations"])
+
+
+def _job_response(job: Job, status: int = 202) -> JSONResponse:
+    location = f"/{job.dataset}/_api/operations/{job.id}"
+    return JSONResponse(asdict(job), status_code=status, headers={"Location": location})
+
+
+@router.post("/{dataset}/_api/operations", status_code=202)
+def submit(ds: DatasetDep, request: Request, body: OperationBody, force: bool = False) -> Response:
+    """Submit an operation: 202 with the job (its ``id``, ``state``); the peer's
+    ``?force=true`` is taken too. An unknown operation is 400, as the peer."""
+    operation = NAMES.get(body.name)
+    if operation is None:
+        raise HTTPException(400, detail=f"Unknown operation: `{body.name}`")
+    kinds = body.kinds or ([body.kind] if body.kind else None)
+    for kind in kinds or ():
+        if kind not in EXPORT_KINDS:
+            raise ValueError(f"export kind {kind!r}: one of {', '.join(EXPORT_KINDS)}")
+    params = {"force": body.force or force, "vacuum": body.vacuum, "kinds": kinds}
+    worker: Worker = request.app.state.worker
+    return _job_response(worker.submit(ds, operation, params))
+
+
+@router.get("/{dataset}/_api/operations")
+def list_jobs(ds: DatasetDep, request: Request) -> list[dict[str, Any]]:
+    """This server's jobs of the dataset, newest first."""
+    worker: Worker = request.app.state.worker
+    return worker.jobs_of(ds.name)
+
+
+@router.get("/{dataset}/_api/operations/{job_id}")
+def job_state(ds: DatasetDep, request: Request, job_id: str) -> dict[str, Any]:
+    """A job's state: queued, running, succeeded (with its result), failed (with the error)."""
+    worker: Worker = request.app.state.worker
+    job = worker.load(job_id)
+    if job is None or job.dataset != ds.name:
+        raise SourceNotFoundError(f"no job {job_id} of dataset {ds.name!r} on this server")
+    return asdict(job)
+
+
+async def _submit_and_wait(request: Request, ds: Dataset, operation: Kind) -> Job | Response:
+    worker: Worker = request.app.state.worker
+    job = worker.submit(ds, operation, {"force": False})
+    future = worker.futures[job.id]
+    wait = ds.settings.api_operation_wait_seconds
+
+    def result() -> Job | None:
+        try:
+            return future.result(timeout=wait)
+        except TimeoutError:
+            return None
+
+    done = await run_in_threadpool(result)
+    if done is None:
+        return _job_response(job)
+    if done.state == "failed":
+        raise worker.errors.pop(job.id)
+    return done
+
+
+@router.post("/{dataset}/_api/entities/flush")
+async def flush(ds: DatasetDep, request: Request) -> Response:
+    """The peer's flush: the new statements' count as text, once the job is done."""
+    done = await _submit_and_wait(request, ds, "flush")
+    if isinstance(done, Response):
+        return done
+    return PlainTextResponse(str((done.result or {}).get("new", 0)))
+
+
+@router.post("/{dataset}/_api/entities/merge")
+async def merge(ds: DatasetDep, request: Request) -> Response:
+    """The peer's merge (collapse duplicates, reap tombstones): our compact; ``ok``."""
+    done = await _submit_and_wait(request, ds, "compact")
+    if isinstance(done, Response):
+        return done
+    return PlainTextResponse("ok")
