@@ -407,3 +407,81 @@ def test_archive_upload_download_delete(server: Server, admin: httpx.Client) -> 
     res = admin.delete(f"/alpha/_api/archive/{digest}/{meta['file_id']}")
     assert res.status_code == 200 and res.json()["file_id"] == meta["file_id"]
     assert admin.get(f"/alpha/_api/archive/{digest}").status_code == 404
+
+
+# --- operations and exports ----------------------------------------------------------
+
+
+def wait_for(client: httpx.Client, location: str, timeout: float = 240) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.get(location).json()
+        if job["state"] in ("succeeded", "failed", "cancelled"):
+            return dict(job)
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+
+
+def test_operations_and_exports(server: Server, admin: httpx.Client) -> None:
+    admin.post("/alpha/_api/entities", content=ndjson(ENTITIES))
+    with server.client(server.token(actions=("read",))) as reader:
+        assert reader.post("/alpha/_api/operations", json={"name": "make"}).status_code == 403
+    res = admin.post("/alpha/_api/operations", json={"name": "MakeJob"})
+    assert res.status_code == 202, res.text
+    job = res.json()
+    assert job["state"] in ("queued", "running") and job["operation"] == "make"
+    assert res.headers["location"] == f"/alpha/_api/operations/{job['id']}"
+    with server.client(server.token(actions=("read",))) as reader:
+        done = wait_for(reader, res.headers["location"])
+    assert done["state"] == "succeeded", done
+    assert set(done["result"]["written"]) >= {"statements", "entities", "statistics", "index"}  # type: ignore[index]
+    assert job["id"] in [j["id"] for j in admin.get("/alpha/_api/operations").json()]
+    assert admin.post("/alpha/_api/operations", json={"name": "CrawlJob"}).status_code == 400
+    assert (
+        admin.post("/alpha/_api/operations", json={"name": "export", "kinds": ["x"]}).status_code
+        == 422
+    )
+    assert admin.get("/alpha/_api/operations/nothex").status_code == 422
+    assert admin.get(f"/alpha/_api/operations/{'0' * 32}").status_code == 404
+    assert admin.get(f"/beta/_api/operations/{job['id']}").status_code == 404
+
+    for name, peer_path in (
+        ("statements.csv", "/alpha/exports/statements.csv"),
+        ("entities.ftm.json", "/alpha/entities.ftm.json"),
+        ("statistics.json", "/alpha/exports/statistics.json"),
+        ("index.json", "/alpha/index.json"),
+    ):
+        res = admin.get(f"/alpha/_api/exports/{name}")
+        assert res.status_code == 200, (name, res.text)
+        etag = f'"{hashlib.sha256(res.content).hexdigest()}"'
+        assert res.headers["etag"] == etag
+        assert admin.get(peer_path).content == res.content
+        again = admin.get(f"/alpha/_api/exports/{name}", headers={"If-None-Match": etag})
+        assert again.status_code == 304 and not again.content
+        part = admin.get(peer_path, headers={"Range": "bytes=0-9"})
+        assert part.status_code == 206 and part.content == res.content[:10]
+    entities = admin.get("/alpha/_api/exports/entities.ftm.json").text.splitlines()
+    assert {orjson.loads(x)["id"] for x in entities} == {"p-ann", "p-bob", "c-acme"}
+    assert admin.get("/alpha/_api/exports/secrets.txt").status_code == 422
+    assert admin.get("/alpha/exports/../config.yml").status_code == 404
+    assert admin.get("/beta/_api/exports/statements.csv").status_code == 404
+
+    streamed = [orjson.loads(x) for x in admin.get("/alpha/_api/entities").text.splitlines()]
+    assert {e["id"] for e in streamed} == {"p-ann", "p-bob", "c-acme"}
+    assert admin.get("/alpha/_api/entities/stats").status_code == 200
+    versions = admin.get("/alpha/_api/versions").json()
+    assert versions and versions[-1]["sequence"] >= 1
+    status = admin.get("/alpha/_api/status").json()
+    assert status["journal_pending"] == 0 and status["tenant"] == "tester"
+    assert status["version"]["sequence"] == versions[-1]["sequence"]
+    as_of = admin.get("/alpha/_api/entities/c-acme", params={"as_of": versions[-1]["sequence"]})
+    assert as_of.status_code == 200 and as_of.json()["id"] == "c-acme"
+
+    # the peer's flush answers the count of new statements once its job is done
+    admin.post(
+        "/alpha/_api/entities",
+        content=ndjson([{"id": "p-new", "schema": "Person", "properties": {"name": ["New"]}}]),
+    )
+    res = admin.post("/alpha/_api/entities/flush")
+    assert res.status_code == 200 and int(res.text) >= 1
+    assert pending(admin, "alpha") == 0
