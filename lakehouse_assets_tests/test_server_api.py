@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from lakehouse_assets import Lakehouse
+from lakehouse_assets.server.client import RemoteLakehouse
 from lakehouse_assets_tests.helpers.server import REPO, SECRET, Server, running_server
 
 ENTITIES = [
@@ -468,6 +469,8 @@ def test_operations_and_exports(server: Server, admin: httpx.Client) -> None:
 
     streamed = [orjson.loads(x) for x in admin.get("/alpha/_api/entities").text.splitlines()]
     assert {e["id"] for e in streamed} == {"p-ann", "p-bob", "c-acme"}
+    with RemoteLakehouse(server.url, token=server.token(actions=("read",))) as remote:
+        assert list(remote.dataset("alpha").stream_entities()) == streamed
     assert admin.get("/alpha/_api/entities/stats").status_code == 200
     versions = admin.get("/alpha/_api/versions").json()
     assert versions and versions[-1]["sequence"] >= 1

@@ -96,23 +96,28 @@ class RequestIdMiddleware:
             request_id.reset(token)
 
 
-def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"detail": detail}, headers=headers)
+def _error(
+    status: int, exc: Exception, detail: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """``{"detail": ..., "error": <the lakehouse error's class>}`` (the peer's ``detail``;
+    ``error`` lets the remote client raise the same class)."""
+    content = {"detail": detail, "error": type(exc).__name__}
+    return JSONResponse(status_code=status, content=content, headers=headers)
 
 
 async def _lakehouse_error(_: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, DatasetNotFoundError | SourceNotFoundError | FileNotFoundError):
-        return _error(404, str(exc))
+        return _error(404, exc, str(exc))
     if isinstance(exc, InvalidNameError | InvalidInputError | ValueError):
-        return _error(422, str(exc))
+        return _error(422, exc, str(exc))
     if isinstance(exc, DatasetBusyError):
-        return _error(409, str(exc))
+        return _error(409, exc, str(exc))
     if isinstance(exc, LakehouseError) and exc.retryable:
-        return _error(503, str(exc), {"Retry-After": "5"})
+        return _error(503, exc, str(exc), {"Retry-After": "5"})
     if isinstance(exc, LakehouseError):
-        return _error(400, str(exc))
+        return _error(400, exc, str(exc))
     log.exception("unexpected error")
-    return _error(500, f"internal error (request {request_id.get()})")
+    return _error(500, exc, f"internal error (request {request_id.get()})")
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
