@@ -60,7 +60,6 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
-from lakehouse_assets import queue_ledger
 from lakehouse_assets.journal_sqlite import _sqlite_engines, _sqlite_pragmas
 from lakehouse_assets.journal_urls import checked_journal_url
 
@@ -347,7 +346,6 @@ class Journal:
         for attempt in range(5):
             try:
                 metadata.create_all(self.engine, checkfirst=True)
-                queue_ledger.metadata.create_all(self.engine, checkfirst=True)
                 self._migrate()
                 return
             except OperationalError as exc:
