@@ -87,7 +87,7 @@ def test_health_docs_and_request_ids(server: Server) -> None:
     with server.client() as client:
         res = client.get("/health", headers={"X-Request-ID": "abc-123"})
         assert res.status_code == 200 and res.json()["status"] == "ok"
-        assert res.headers["x-request-id"] == "abc-123"
+        assert res.headers["x-request-id"] == "abc-123" and res.headers["x-lakehouse-version"]
         assert (
             len(client.get("/health", headers={"X-Request-ID": "bad id!"}).headers["x-request-id"])
             == 32

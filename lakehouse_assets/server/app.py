@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import contextvars
+import importlib.metadata
 import logging
 import re
 import time
@@ -47,7 +48,10 @@ request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", d
 #: a client's own X-Request-ID is kept when it is this tame (else a new one)
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
 
-VERSION = "0.1.0"
+try:
+    VERSION = importlib.metadata.version("lakehouse-assets")
+except importlib.metadata.PackageNotFoundError:  # a checkout that was never installed
+    VERSION = "0+unknown"
 
 
 class RequestIdFilter(logging.Filter):
@@ -60,7 +64,7 @@ class RequestIdFilter(logging.Filter):
 
 class RequestIdMiddleware:
     """Gives each request an id (``X-Request-ID``, the client's if tame), answers
-    with it, and logs one line per request: id, method, path, status, seconds.
+    with it (and ``X-Lakehouse-Version``, as the peer), and logs one line per request: id, method, path, status, seconds.
     Never the query string or a header (a token travels in one)."""
 
     def __init__(self, app: ASGIApp) -> None:
@@ -80,7 +84,11 @@ class RequestIdMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (b"x-request-id", rid.encode()),
+                    (b"x-lakehouse-version", VERSION.encode()),
+                ]
             await send(message)
 
         try:

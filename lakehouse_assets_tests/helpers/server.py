@@ -33,6 +33,7 @@ class Server:
     lake: Lakehouse
     state_dir: Path
     log: Path
+    proc: subprocess.Popen[bytes]
 
     def token(
         self,
@@ -91,6 +92,6 @@ def running_server(lake: Lakehouse, state_dir: Path, **env: str) -> Iterator[Ser
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the server did not start: {log.read_text()[-3000:]}")
             time.sleep(0.1)
-        yield Server(url, lake, state_dir, log)
+        yield Server(url, lake, state_dir, log, proc)
     finally:
         stop_process(proc)
