@@ -10,7 +10,9 @@ from lakehouse_assets.cli.root import cli
 
 @cli.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option(
+    "--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="Port."
+)
 @click.option(
     "--workers", default=1, show_default=True, type=click.IntRange(1, 64), help="Processes."
 )
@@ -19,6 +21,7 @@ from lakehouse_assets.cli.root import cli
     default="info",
     show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"]),
+    help="The lowest level logged (stderr; each line with its request id).",
 )
 @pass_ctx
 def serve_cmd(obj: Context, host: str, port: int, workers: int, log_level: str) -> None:
@@ -29,7 +32,7 @@ def serve_cmd(obj: Context, host: str, port: int, workers: int, log_level: str) 
 
     \b
     Example:
-      LAKEHOUSE_API_SECRET=$(openssl rand -hex 32) lakehouse --lake ./lake serve --port 8000
+      lakehouse --lake ./lake serve --port 8000 --workers 2
     """
     from lakehouse_assets.server.serve import serve
 
