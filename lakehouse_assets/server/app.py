@@ -26,6 +26,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lakehouse_assets.errors import (
@@ -104,6 +105,30 @@ class RequestIdMiddleware:
             request_id.reset(token)
 
 
+class ErrorBody(BaseModel):
+    """Every error answer: ``detail`` a message (or, for a request FastAPI could not
+    parse, its list of problems) and ``error`` the lakehouse error's class."""
+
+    detail: str | list[dict[str, Any]]
+    error: str | None = None
+
+
+#: the error answers documented on every route (the OpenAPI schema says what they hold)
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in (
+        (401, "No token, or a malformed, expired or forged one"),
+        (403, "The token does not allow this request"),
+        (404, "Unknown dataset, entity, file or job"),
+        (408, "The body stalled"),
+        (409, "The dataset has work in flight"),
+        (413, "The body is over its limit"),
+        (422, "A bad name, id, body or line"),
+        (503, "A lock is held or a source unreachable: retry"),
+    )
+}
+
+
 def _error(
     status: int, exc: Exception, detail: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
@@ -159,6 +184,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="An FtM data lakehouse over HTTP: tenants write, read and operate on "
         "datasets with scoped bearer tokens (see docs/server.md).",
         lifespan=lifespan,
+        responses=ERRORS,
     )
     app.state.settings = settings
     app.state.secret = secret
