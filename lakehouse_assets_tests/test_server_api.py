@@ -488,3 +488,21 @@ def test_operations_and_exports(server: Server, admin: httpx.Client) -> None:
     res = admin.post("/alpha/_api/entities/flush")
     assert res.status_code == 200 and int(res.text) >= 1
     assert pending(admin, "alpha") == 0
+
+
+def test_queue_push(server: Server, admin: httpx.Client) -> None:
+    item = {"action": "UPSERT", "resource": "entity", "payload": ENTITIES[2]}
+    res = admin.post("/beta/_api/queue", json=item)
+    assert res.status_code == 201, res.text
+    assert res.json()["tenant"] == "tester" and res.json()["action"] == "UPSERT"
+    assert admin.get("/beta/_api/queue").json() == {"pending": 1}
+    bad = {"action": "UPSERT", "resource": "entity", "payload": {"id": "x", "schema": "Nope"}}
+    assert admin.post("/beta/_api/queue", json=bad).status_code == 422
+    for uri in ("/etc/passwd", "file:///etc/passwd", "relative.txt"):
+        local = {"action": "UPSERT", "resource": "file", "payload": {"uri": uri}}
+        assert admin.post("/beta/_api/queue", json=local).status_code == 422
+    url = {"action": "UPSERT", "resource": "file", "payload": {"uri": "https://example.org/a.pdf"}}
+    assert admin.post("/beta/_api/queue", json=url).status_code == 201
+    with server.client(server.token(actions=("read",))) as reader:
+        assert reader.post("/beta/_api/queue", json=item).status_code == 403
+    assert admin.get("/beta/_api/queue").json() == {"pending": 2}

@@ -37,7 +37,7 @@ from lakehouse_assets.errors import (
     LakehouseError,
     SourceNotFoundError,
 )
-from lakehouse_assets.server import archive, auth, exports, operations, reads, writes
+from lakehouse_assets.server import archive, auth, exports, operations, queue, reads, writes
 from lakehouse_assets.server.deps import Lakes
 from lakehouse_assets.settings import Settings
 
@@ -197,7 +197,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ok", "version": VERSION}
 
     app.include_router(auth.router)
-    for module in (writes, reads, archive, exports, operations):
+    for module in (writes, reads, archive, exports, operations, queue):
         app.include_router(module.router)
     app.add_middleware(RequestIdMiddleware)
     app.add_exception_handler(Exception, _lakehouse_error)

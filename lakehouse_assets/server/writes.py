@@ -38,7 +38,7 @@ NDJSON_BODY: dict[str, Any] = {
 
 def _write_entities(ds: Dataset, path: Path, origin: str) -> dict[str, int]:
     with path.open("rb") as fh:
-        bulk = ds.write_entities(fh, origin=origin, source=SOURCE, workers=1)
+        bulk = ds.write_entities(fh, origin=origin, source=SOURCE)
     return {"entities": bulk.entities, "statements": bulk.count}
 
 
