@@ -20,7 +20,8 @@ from fastapi.responses import StreamingResponse
 
 from lakehouse_assets.storage import Store
 
-CHUNK: Final = 1024 * 1024
+#: bytes read and sent at a time (each chunk one hop to a worker thread)
+CHUNK: Final = 4 * 1024 * 1024
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 #: (lake uri, path, fingerprint) → SHA-256; the few export files of a server's datasets
 _digests: dict[tuple[str, str, str], str] = {}
