@@ -382,6 +382,12 @@ class Settings(BaseSettings):
         "state (shared by the workers of one host; not under the cache folder, which the archive "
         "never reads from). Default: lakehouse-server-{uid} in the system's temporary folder.",
     )
+    api_dagster_runs: bool = Field(
+        default=True,
+        description="When DAGSTER_HOME names a Dagster instance, the server runs make, compact "
+        "and optimize as Dagster runs of refresh_dataset, compact_job and optimize_job on it "
+        "(the UI shows them); flush and export stay the server's own operations.",
+    )
     api_operation_wait_seconds: float = Field(
         default=600.0,
         ge=0,

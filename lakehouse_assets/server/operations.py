@@ -1,5 +1,11 @@
 """Operations (flush, make, export, compact, optimize) on the server's background worker.
 
+When ``DAGSTER_HOME`` names a Dagster instance (and ``LAKEHOUSE_API_DAGSTER_RUNS``
+is not off), make, compact and optimize run as Dagster runs of the existing
+jobs (``refresh_dataset``, ``compact_job``, ``optimize_job``) for the dataset's
+partition: the job carries the run's id from the start, the state route adds
+the run's status, and the Dagster UI shows the run.
+
 A request never runs an operation: it submits a job and gets its id (202,
 ``Location`` the job's route); the worker runs the jobs, one at a time per
 dataset (the facade's dataset locks also keep other processes out), and
@@ -54,6 +60,12 @@ NAMES: Final[dict[str, Kind]] = {
     "OptimizeJob": "optimize",
 }
 EXPORT_KINDS: Final = ("statements", "entities", "statistics", "index")
+#: the operations that run as Dagster runs of these jobs when an instance is configured
+DAGSTER_JOBS: Final[dict[str, str]] = {
+    "make": "refresh_dataset",
+    "compact": "compact_job",
+    "optimize": "optimize_job",
+}
 JOB_ID: Final = re.compile(r"^[0-9a-f]{32}$")
 #: how many operations the worker runs at once (on different datasets)
 THREADS: Final = 2
@@ -74,6 +86,9 @@ class Job:
     finished_at: str | None = None
     result: dict[str, Any] | None = None
     error: str | None = None
+    #: the Dagster run that carries it out (when an instance is configured), and its job
+    dagster_run_id: str | None = None
+    dagster_job: str | None = None
 
 
 class Worker:
@@ -132,6 +147,9 @@ class Worker:
         if self._pool is None:
             raise HTTPException(503, detail="the server is not running its worker")
         job = Job(uuid.uuid4().hex, ds.name, ds.tenant, operation, params)
+        job.dagster_job = dagster_job(ds.settings, operation)
+        if job.dagster_job is not None:
+            job.dagster_run_id = str(uuid.uuid4())
         self.save(job)
         self.futures[job.id] = self._pool.submit(self._run, job, ds)
         return job
@@ -146,7 +164,10 @@ class Worker:
             job.started_at = cv.utcnow().isoformat()
             self.save(job)
             try:
-                job.result = run_operation(ds, job.operation, job.params)
+                if job.dagster_job is not None and job.dagster_run_id is not None:
+                    job.result = run_in_dagster(ds, job.dagster_job, job.dagster_run_id)
+                else:
+                    job.result = run_operation(ds, job.operation, job.params)
                 job.state = "succeeded"
             except BaseException as exc:  # recorded, and re-raised to whoever waits
                 log.exception("operation %s of %s failed", job.operation, job.dataset)
@@ -156,6 +177,46 @@ class Worker:
             job.finished_at = cv.utcnow().isoformat()
             self.save(job)
             return job
+
+
+def dagster_job(settings: Settings, operation: str) -> str | None:
+    """The Dagster job an operation runs as, or None (no instance, or not such an operation)."""
+    if not settings.api_dagster_runs or not os.environ.get("DAGSTER_HOME"):
+        return None
+    return DAGSTER_JOBS.get(operation)
+
+
+def run_in_dagster(ds: Dataset, job_name: str, run_id: str) -> dict[str, Any]:
+    """Run ``job_name`` for the dataset's partition as Dagster run ``run_id``, in this
+    process on the instance of ``DAGSTER_HOME`` (as ``make demo`` runs its refresh):
+    the run, its events and materializations are in the instance, and the UI shows
+    them. The job's resources are the Definitions' (the lake of the environment, as
+    the server's own tenant)."""
+    import dagster as dg
+
+    from lakehouse_assets.definitions import defs
+
+    instance = dg.DagsterInstance.get()
+    if not instance.has_dynamic_partition(cv.DAGSTER_PARTITIONS, ds.name):
+        instance.add_dynamic_partitions(cv.DAGSTER_PARTITIONS, [ds.name])
+    result = defs.resolve_job_def(job_name).execute_in_process(
+        partition_key=ds.name,
+        instance=instance,
+        run_id=run_id,
+        raise_on_error=False,
+        tags={"lakehouse/trigger": "api", "lakehouse/tenant": ds.tenant},
+    )
+    if not result.success:
+        raise RuntimeError(f"Dagster run {run_id} of {job_name} failed (see the run in the UI)")
+    return {"dagster_run_id": run_id, "job": job_name, "success": True}
+
+
+def dagster_status(run_id: str) -> str | None:
+    """The Dagster run's status in the instance of ``DAGSTER_HOME`` (None: not there)."""
+    import dagster as dg
+
+    run = dg.DagsterInstance.get().get_run_by_id(run_id)
+    return None if run is None else run.status.value
 
 
 def run_operation(ds: Dataset, operation: Kind, params: dict[str, Any]) -> dict[str, Any]:
@@ -225,7 +286,10 @@ def job_state(ds: DatasetDep, request: Request, job_id: str) -> dict[str, Any]:
     job = worker.load(job_id)
     if job is None or job.dataset != ds.name:
         raise SourceNotFoundError(f"no job {job_id} of dataset {ds.name!r} on this server")
-    return asdict(job)
+    data = asdict(job)
+    if job.dagster_run_id is not None and os.environ.get("DAGSTER_HOME"):
+        data["dagster_status"] = dagster_status(job.dagster_run_id)
+    return data
 
 
 async def _submit_and_wait(request: Request, ds: Dataset, operation: Kind) -> Job | Response:

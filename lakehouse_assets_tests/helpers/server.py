@@ -57,8 +57,9 @@ def running_server(lake: Lakehouse, state_dir: Path, **env: str) -> Iterator[Ser
     """``lakehouse serve`` over ``lake`` until the block ends."""
     port = free_port()
     log = state_dir / "server.log"
+    # no Dagster instance unless the test names one (make test exports DAGSTER_HOME)
     environ = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"},
         "PYTHONPATH": str(REPO),
         "LAKEHOUSE_API_SECRET": SECRET,
         "LAKEHOUSE_API_STATE_DIR": str(state_dir),
