@@ -480,6 +480,26 @@ def test_operations_and_exports(server: Server, admin: httpx.Client) -> None:
     as_of = admin.get("/alpha/_api/entities/c-acme", params={"as_of": versions[-1]["sequence"]})
     assert as_of.status_code == 200 and as_of.json()["id"] == "c-acme"
 
+    # the graph index (make built it) and the version diff
+    res = admin.get("/alpha/_api/entities/c-acme/refs", params={"direction": "both"})
+    assert res.status_code == 200 and res.json() == []
+    assert (
+        admin.get("/alpha/_api/entities/c-acme/refs", params={"direction": "up"}).status_code == 422
+    )
+    around = admin.get("/alpha/_api/entities/c-acme/neighbours", params={"depth": 2})
+    assert [orjson.loads(x)["id"] for x in around.text.splitlines()] == ["c-acme"]
+    assert (
+        admin.get("/alpha/_api/entities/c-acme/neighbours", params={"depth": 9}).status_code == 422
+    )
+    head = versions[-1]["sequence"]
+    res = admin.get("/alpha/_api/diff", params={"from": head, "to": head})
+    assert res.status_code == 400 and "newer" in res.json()["detail"]
+    if head > 1:
+        res = admin.get("/alpha/_api/diff", params={"from": head - 1, "to": head})
+        assert res.status_code == 200 and all(orjson.loads(x)["op"] for x in res.text.splitlines())
+    assert admin.get("/alpha/_api/diff", params={"from": 999, "to": head}).status_code == 404
+    assert admin.get("/alpha/_api/entities/c-acme", params={"as_of": 999}).status_code == 404
+
     # the peer's flush answers the count of new statements once its job is done
     admin.post(
         "/alpha/_api/entities",

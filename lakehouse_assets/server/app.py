@@ -2,7 +2,7 @@
 
 Errors the lakehouse raises on purpose become one JSON ``{"detail": ...}``
 with the status that says what to do: a bad name or input 422 (naming the
-line of an NDJSON body), an unknown dataset or file 404, a held lock or a
+line of an NDJSON body), an unknown dataset, file or version 404, a held lock or a
 flaky network 503 with ``Retry-After``, a dataset with work in flight 409.
 Anything else is a 500 whose detail is only the request id (the traceback
 goes to the log, under that id).
@@ -139,7 +139,10 @@ def _error(
 
 
 async def _lakehouse_error(_: Request, exc: Exception) -> JSONResponse:
-    if isinstance(exc, DatasetNotFoundError | SourceNotFoundError | FileNotFoundError):
+    # LookupError: an unknown version too (versions' VersionNotFoundError)
+    if isinstance(
+        exc, DatasetNotFoundError | SourceNotFoundError | FileNotFoundError | LookupError
+    ):
         return _error(404, exc, str(exc))
     if isinstance(exc, InvalidNameError | InvalidInputError | ValueError):
         return _error(422, exc, str(exc))

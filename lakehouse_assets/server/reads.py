@@ -8,7 +8,7 @@ status can still say 422 or 404; after the 200 the rest streams.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Query, Request
@@ -162,6 +162,61 @@ def statements_version(ds: DatasetDep) -> str:
 async def stream_entities(ds: DatasetDep, as_of: AsOf = None) -> StreamingResponse:
     """The entities of the last ``entities.ftm.json`` export (or of a version), NDJSON."""
     return await stream(ds.stream_entities(as_of=as_of), lambda d: d)
+
+
+@router.get("/{dataset}/_api/entities/{entity_id}/refs")
+def refs(
+    ds: DatasetDep,
+    entity_id: str,
+    direction: Literal["in", "out", "both"] = "in",
+    prop: Annotated[list[str] | None, Query(max_length=100)] = None,
+    schema: Annotated[list[str] | None, Query(max_length=100)] = None,
+    as_of: AsOf = None,
+) -> list[dict[str, Any]]:
+    """The edges at an entity from the graph index (``lakehouse refs``): the other
+    entity's id, schema and caption; ``in`` who points at it, ``out`` what it points at."""
+    from lakehouse_assets import graph
+    from lakehouse_assets.versions import version_snapshot
+
+    cv.entity_id(entity_id)
+    return graph.refs(
+        ds,
+        entity_id,
+        direction=direction,
+        props=prop,
+        schemata=schema,
+        snapshot=None if as_of is None else version_snapshot(ds, as_of),
+    )
+
+
+@router.get("/{dataset}/_api/entities/{entity_id}/neighbours")
+async def neighbours(
+    ds: DatasetDep,
+    entity_id: str,
+    depth: Annotated[int, Query(ge=0, le=5)] = 1,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+) -> StreamingResponse:
+    """The network around an entity (itself first), FtM JSON lines (``lakehouse neighbours``)."""
+    from lakehouse_assets import graph
+
+    cv.entity_id(entity_id)
+    return await stream(graph.neighbours(ds, entity_id, depth=depth, limit=limit), lambda d: d)
+
+
+@router.get("/{dataset}/_api/diff")
+async def diff(
+    ds: DatasetDep,
+    old: Annotated[str, Query(alias="from", description="The older version.")],
+    new: Annotated[str, Query(alias="to", description="The newer version.")],
+) -> StreamingResponse:
+    """The entities changed from version ``from`` to ``to``: ``{"op", "entity"}`` lines
+    (yente's delta format, ``lakehouse diff``)."""
+    from lakehouse_assets.versions import changes_between, resolve
+
+    def changes() -> Iterator[dict[str, Any]]:
+        yield from changes_between(ds, resolve(ds, old), resolve(ds, new))
+
+    return await stream(changes(), lambda d: d)
 
 
 @router.get("/{dataset}/_api/entities/{entity_id}")
