@@ -55,6 +55,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         LAKEHOUSE_API_MAX_UPLOAD_BYTES=str(UPLOAD_LIMIT),
         LAKEHOUSE_API_MAX_BODY_BYTES=str(BODY_LIMIT),
         LAKEHOUSE_API_QUERY_MAX_IN_VALUES="5",
+        LAKEHOUSE_API_UPLOAD_TIMEOUT_SECONDS="2",
     ) as srv:
         yield srv
 
@@ -526,3 +527,36 @@ def test_queue_push(server: Server, admin: httpx.Client) -> None:
     with server.client(server.token(actions=("read",))) as reader:
         assert reader.post("/beta/_api/queue", json=item).status_code == 403
     assert admin.get("/beta/_api/queue").json() == {"pending": 2}
+
+
+def raw_request(server: Server, head: str, body: bytes, *, wait: float) -> bytes:
+    """Send a request's head and part of its body on a bare socket; what came back
+    within ``wait`` seconds (the socket then closes: the client goes away)."""
+    import socket
+
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=wait) as sock:
+        sock.sendall(head.encode() + b"\r\n\r\n" + body)
+        try:
+            return sock.recv(65536)
+        except TimeoutError:
+            return b""
+
+
+def test_stalled_and_vanished_clients_leave_nothing(server: Server, admin: httpx.Client) -> None:
+    token = server.token(actions=("write", "read"))
+    before = (pending(admin, "alpha"), admin.get("/alpha/_api/archive").text)
+    line = orjson.dumps(ENTITIES[0]) + b"\n"
+    for path in ("/alpha/_api/entities", "/alpha/_api/archive?name=cut.bin"):
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Length: {len(line) * 100}"
+        )
+        # stalled: the server gives up after LAKEHOUSE_API_UPLOAD_TIMEOUT_SECONDS (2 s here)
+        answer = raw_request(server, head, line * 10, wait=10)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        # vanished: the client closes mid-body
+        raw_request(server, head, line * 10, wait=0.3)
+    time.sleep(0.5)
+    assert (pending(admin, "alpha"), admin.get("/alpha/_api/archive").text) == before
+    assert list((server.state_dir / "staging").iterdir()) == []

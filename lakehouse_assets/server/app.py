@@ -78,6 +78,8 @@ class RequestIdMiddleware:
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
         rid = given if REQUEST_ID.match(given) else uuid.uuid4().hex
         token = request_id.set(rid)
+        # the handler of unexpected errors runs outside this middleware: it finds it here
+        scope.setdefault("state", {})["request_id"] = rid
         status = 500
         started = time.perf_counter()
 
@@ -138,7 +140,7 @@ def _error(
     return JSONResponse(status_code=status, content=content, headers=headers)
 
 
-async def _lakehouse_error(_: Request, exc: Exception) -> JSONResponse:
+async def _lakehouse_error(request: Request, exc: Exception) -> JSONResponse:
     # LookupError: an unknown version too (versions' VersionNotFoundError)
     if isinstance(
         exc, DatasetNotFoundError | SourceNotFoundError | FileNotFoundError | LookupError
@@ -152,8 +154,13 @@ async def _lakehouse_error(_: Request, exc: Exception) -> JSONResponse:
         return _error(503, exc, str(exc), {"Retry-After": "5"})
     if isinstance(exc, LakehouseError):
         return _error(400, exc, str(exc))
-    log.exception("unexpected error")
-    return _error(500, exc, f"internal error (request {request_id.get()})")
+    rid = getattr(request.state, "request_id", None) or request_id.get()
+    token = request_id.set(rid)
+    try:
+        log.exception("unexpected error")
+    finally:
+        request_id.reset(token)
+    return _error(500, exc, f"internal error (request {rid})")
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:

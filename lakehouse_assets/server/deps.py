@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
+from starlette.requests import ClientDisconnect
 
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.server.auth import Authorized, Grant
@@ -76,6 +77,8 @@ async def _chunks(request: Request, timeout: float) -> AsyncIterator[bytes]:
             return
         except TimeoutError:
             raise HTTPException(408, detail=f"no body data for {timeout:g} s") from None
+        except ClientDisconnect:  # nobody reads the answer; no traceback in the log
+            raise HTTPException(400, detail="the client went away before the body ended") from None
         yield chunk
 
 
