@@ -560,3 +560,39 @@ def test_stalled_and_vanished_clients_leave_nothing(server: Server, admin: httpx
     time.sleep(0.5)
     assert (pending(admin, "alpha"), admin.get("/alpha/_api/archive").text) == before
     assert list((server.state_dir / "staging").iterdir()) == []
+
+
+def test_the_peers_arrow_journal_bulk(server: Server, admin: httpx.Client) -> None:
+    """A batch as the peer's ApiJournalStore sends it (its columns, Arrow IPC)."""
+    import pyarrow as pa
+
+    def stream(rows: list[dict[str, object]]) -> bytes:
+        sink = pa.BufferOutputStream()
+        table = pa.Table.from_pylist(rows)
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return bytes(sink.getvalue().to_pybytes())
+
+    def row(prop: str, value: str, **extra: object) -> dict[str, object]:
+        return {
+            "shard": "0a", "id": "peer-made-id", "entity_id": "arrow-1", "dataset": "beta",
+            "bucket": "thing", "origin": "peer", "schema": "Person", "prop": prop,
+            "value": value, "external": False, "fragment": "", "deleted_at": None,
+            "first_seen": datetime.now(UTC), "last_seen": datetime.now(UTC), **extra,
+        }  # fmt: skip
+
+    arrow = {"Content-Type": "application/vnd.apache.arrow.stream"}
+    before = pending(admin, "beta")
+    bad = stream([row("name", "Arrow Ann"), row("name", "X", fragment="f1")])
+    res = admin.post("/beta/_api/journal/bulk", content=bad, headers=arrow)
+    assert res.status_code == 422 and "line 2" in res.text
+    assert (
+        admin.post("/beta/_api/journal/bulk", content=b"garbage", headers=arrow).status_code == 422
+    )
+    assert pending(admin, "beta") == before
+    good = stream([row("name", "Arrow Ann"), row("nationality", "fr")])
+    res = admin.post("/beta/_api/journal/bulk", content=good, headers=arrow)
+    assert res.status_code == 200 and res.text == "2"
+    got = admin.get("/beta/_api/entities/arrow-1", params={"flush": "true"}).json()
+    assert got["properties"] == {"name": ["Arrow Ann"], "nationality": ["fr"]}
+    assert got["origin"] == ["peer"]

@@ -28,8 +28,9 @@ from lakehouse_assets_tests.helpers.server import Server, running_server
 DATASET = "fuzz"
 
 
-@schemathesis.serializer("application/x-ndjson")
-def _ndjson(ctx: object, value: object) -> bytes:
+@schemathesis.serializer("application/x-ndjson", "application/vnd.apache.arrow.stream")
+def _raw(ctx: object, value: object) -> bytes:
+    """The NDJSON and Arrow bodies as the text schemathesis generated for them."""
     return value if isinstance(value, bytes) else str(value).encode()
 
 

@@ -99,6 +99,71 @@ async def write_statements(
         path.unlink(missing_ok=True)
 
 
+#: the peer's statement columns taken from a journal/bulk row (the rest is its own:
+#: shard, bucket, the id it computed, its fragment, its seen times)
+ARROW_COLUMNS = ("entity_id", "schema", "prop", "value", "lang", "original_value", "external")
+
+
+def _write_arrow(ds: Dataset, path: Path) -> int:
+    import pyarrow as pa
+
+    try:
+        with pa.memory_map(str(path)) as source:
+            table = pa.ipc.open_stream(source).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InvalidInputError(
+            f"not an Arrow IPC stream: {exc}", dataset=ds.name, source=SOURCE
+        ) from None
+    if table.num_rows == 0:
+        return 0
+    missing = {"entity_id", "schema", "prop", "value"} - set(table.column_names)
+    if missing:
+        raise InvalidInputError(
+            f"Missing statement column: {', '.join(sorted(missing))}", dataset=ds.name
+        )
+    origins = set(table.column("origin").to_pylist()) if "origin" in table.column_names else {None}
+    if len(origins) > 1:
+        raise InvalidInputError("one origin a batch, as the peer's writer sends", dataset=ds.name)
+    origin = cv.origin(origins.pop() or cv.DEFAULT_ORIGIN)
+    from lakehouse_assets.entities import make_statement
+
+    with ds.bulk(origin) as bulk:
+        for number, row in enumerate(table.to_pylist(), 1):
+            refused = None
+            if row.get("deleted_at") is not None:
+                refused = "a tombstone: delete with DELETE /{dataset}/_api/entities/{id}"
+            elif row.get("fragment"):
+                refused = "a statement with a fragment: fragments are not stored here"
+            if refused:
+                raise InvalidInputError(refused, dataset=ds.name, source=SOURCE, line=number)
+            data = {k: row[k] for k in ARROW_COLUMNS if row.get(k) is not None}
+            bulk.add_statement(
+                make_statement(data, dataset=ds.name, origin=origin, source=SOURCE, line=number)
+            )
+    return bulk.count
+
+
+@router.post(
+    "/{dataset}/_api/journal/bulk",
+    response_class=PlainTextResponse,
+    openapi_extra={
+        "requestBody": {
+            "content": {"application/vnd.apache.arrow.stream": {"schema": {"type": "string"}}}
+        }
+    },
+)
+async def journal_bulk(ds: DatasetDep, request: Request) -> str:
+    """The peer's bulk write: an Arrow IPC stream of its statement rows, written all
+    or nothing (a bad row is 422 naming it); answers the count as text. Its shard,
+    bucket, id, seen times are its own and not kept; tombstones and fragments are
+    refused."""
+    path = await receive_body(request, ds.settings.api_max_body_bytes, "body")
+    try:
+        return str(await run_in_threadpool(_write_arrow, ds, path))
+    finally:
+        path.unlink(missing_ok=True)
+
+
 @router.delete("/{dataset}/_api/entities/{entity_id}", response_class=PlainTextResponse)
 def delete_entity(ds: DatasetDep, entity_id: str, origin: str | None = None) -> str:
     """Tombstone every statement of an entity (of ``origin`` only, if given); answers
