@@ -481,6 +481,22 @@ def test_operations_and_exports(server: Server, admin: httpx.Client) -> None:
     as_of = admin.get("/alpha/_api/entities/c-acme", params={"as_of": versions[-1]["sequence"]})
     assert as_of.status_code == 200 and as_of.json()["id"] == "c-acme"
 
+    # an export as it was at a version, re-made
+    head = versions[-1]["sequence"]
+    current = admin.get("/alpha/_api/exports/entities.ftm.json").content
+    then = admin.get("/alpha/_api/exports/entities.ftm.json", params={"as_of": head})
+    assert then.status_code == 200 and then.headers["etag"].strip('"') == (
+        hashlib.sha256(then.content).hexdigest()
+    )
+    # the same entities (the re-made lines may differ from Spark's export in
+    # last_change, for an entity written twice: seen, not this issue's)
+    assert {orjson.loads(x)["id"] for x in then.content.splitlines()} == {
+        orjson.loads(x)["id"] for x in current.splitlines()
+    }
+    assert admin.get("/alpha/_api/exports/index.json", params={"as_of": head}).status_code == 422
+    assert admin.get("/alpha/_api/exports/statements.csv", params={"as_of": 999}).status_code == 404
+    assert list((server.state_dir / "staging").iterdir()) == []
+
     # the graph index (make built it) and the version diff
     res = admin.get("/alpha/_api/entities/c-acme/refs", params={"direction": "both"})
     assert res.status_code == 200 and res.json() == []
@@ -492,7 +508,6 @@ def test_operations_and_exports(server: Server, admin: httpx.Client) -> None:
     assert (
         admin.get("/alpha/_api/entities/c-acme/neighbours", params={"depth": 9}).status_code == 422
     )
-    head = versions[-1]["sequence"]
     res = admin.get("/alpha/_api/diff", params={"from": head, "to": head})
     assert res.status_code == 400 and "newer" in res.json()["detail"]
     if head > 1:
