@@ -100,8 +100,8 @@ class Worker:
         self._pool: ThreadPoolExecutor | None = None
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        #: the jobs not finished yet (a finished one leaves: a long-lived server keeps none)
         self.futures: dict[str, Future[Job]] = {}
-        self.errors: dict[str, BaseException] = {}
 
     def start(self) -> None:
         self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="lakehouse-operation")
@@ -109,7 +109,9 @@ class Worker:
     def stop(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
-        for job_id, future in list(self.futures.items()):
+        with self._guard:
+            left = list(self.futures.items())
+        for job_id, future in left:
             if future.cancelled():
                 job = self.load(job_id)
                 if job is not None and job.state == "queued":
@@ -143,7 +145,11 @@ class Worker:
         found.sort(key=lambda d: str(d.get("submitted_at")), reverse=True)
         return found[:20]
 
-    def submit(self, ds: Dataset, operation: Kind, params: dict[str, Any]) -> Job:
+    def submit(
+        self, ds: Dataset, operation: Kind, params: dict[str, Any]
+    ) -> tuple[Job, Future[Job]]:
+        """Queue a job; the job and its future (whose result is the finished job, or
+        whose exception the operation's error)."""
         if self._pool is None:
             raise HTTPException(503, detail="the server is not running its worker")
         job = Job(uuid.uuid4().hex, ds.name, ds.tenant, operation, params)
@@ -151,8 +157,15 @@ class Worker:
         if job.dagster_job is not None:
             job.dagster_run_id = str(uuid.uuid4())
         self.save(job)
-        self.futures[job.id] = self._pool.submit(self._run, job, ds)
-        return job
+        future = self._pool.submit(self._run, job, ds)
+        with self._guard:
+            self.futures[job.id] = future
+        future.add_done_callback(lambda _: self._forget(job.id))
+        return job, future
+
+    def _forget(self, job_id: str) -> None:
+        with self._guard:
+            self.futures.pop(job_id, None)
 
     def _lock(self, dataset: str) -> threading.Lock:
         with self._guard:
@@ -169,11 +182,13 @@ class Worker:
                 else:
                     job.result = run_operation(ds, job.operation, job.params)
                 job.state = "succeeded"
-            except BaseException as exc:  # recorded, and re-raised to whoever waits
+            except BaseException as exc:  # recorded, and raised to whoever waits
                 log.exception("operation %s of %s failed", job.operation, job.dataset)
                 job.state = "failed"
                 job.error = f"{type(exc).__name__}: {exc}"
-                self.errors[job.id] = exc
+                job.finished_at = cv.utcnow().isoformat()
+                self.save(job)
+                raise
             job.finished_at = cv.utcnow().isoformat()
             self.save(job)
             return job
@@ -269,7 +284,8 @@ def submit(ds: DatasetDep, request: Request, body: OperationBody, force: bool = 
             raise ValueError(f"export kind {kind!r}: one of {', '.join(EXPORT_KINDS)}")
     params = {"force": body.force or force, "vacuum": body.vacuum, "kinds": kinds}
     worker: Worker = request.app.state.worker
-    return _job_response(worker.submit(ds, operation, params))
+    job, _ = worker.submit(ds, operation, params)
+    return _job_response(job)
 
 
 @router.get("/{dataset}/_api/operations")
@@ -294,22 +310,17 @@ def job_state(ds: DatasetDep, request: Request, job_id: str) -> dict[str, Any]:
 
 async def _submit_and_wait(request: Request, ds: Dataset, operation: Kind) -> Job | Response:
     worker: Worker = request.app.state.worker
-    job = worker.submit(ds, operation, {"force": False})
-    future = worker.futures[job.id]
+    job, future = worker.submit(ds, operation, {"force": False})
     wait = ds.settings.api_operation_wait_seconds
 
     def result() -> Job | None:
         try:
-            return future.result(timeout=wait)
+            return future.result(timeout=wait)  # the operation's error, if it failed
         except TimeoutError:
             return None
 
     done = await run_in_threadpool(result)
-    if done is None:
-        return _job_response(job)
-    if done.state == "failed":
-        raise worker.errors.pop(job.id)
-    return done
+    return _job_response(job) if done is None else done
 
 
 @router.post("/{dataset}/_api/entities/flush")
