@@ -1,4 +1,5 @@
-"""``lakehouse serve`` stops gracefully: a request in flight at SIGTERM completes."""
+"""``lakehouse serve`` stops gracefully (a request in flight at SIGTERM completes) and
+runs as several worker processes that share the jobs' state."""
 
 from __future__ import annotations
 
@@ -52,3 +53,24 @@ def test_sigterm_lets_the_request_in_flight_finish(tmp_path: Path) -> None:
         log = server.log.read_text()
         assert "Shutting down" in log and "Finished server process" in log
         assert list((tmp_path / "state" / "staging").iterdir()) == []
+
+
+def test_two_workers_share_the_jobs_state(tmp_path: Path) -> None:
+    lake = Lakehouse(tmp_path / "lake", journal_url=f"sqlite:///{tmp_path / 'journal.sqlite'}")
+    lake.create_dataset("alpha")
+    (tmp_path / "state").mkdir()
+    with running_server(lake, tmp_path / "state", workers=2) as server:
+        with server.client(server.token(actions=("write", "operate", "read"))) as client:
+            body = b'{"id": "w1", "schema": "Person", "properties": {"name": ["W"]}}\n'
+            assert client.post("/alpha/_api/entities", content=body).status_code == 200
+            jobs = [client.post("/alpha/_api/operations", json={"name": "flush"}) for _ in range(3)]
+            assert all(res.status_code == 202 for res in jobs)
+            for res in jobs:  # each state read may land on either process
+                deadline = time.monotonic() + 60
+                while (job := client.get(res.headers["location"]).json())["state"] != "succeeded":
+                    assert job["state"] in ("queued", "running") and time.monotonic() < deadline
+                    time.sleep(0.1)
+            assert client.get("/alpha/_api/entities/w1").json()["id"] == "w1"
+        pids = {line.split("[")[-1].rstrip("]") for line in server.log.read_text().splitlines()
+                if "Started server process" in line}  # fmt: skip
+        assert len(pids) == 2

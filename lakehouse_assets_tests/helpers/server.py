@@ -53,8 +53,10 @@ class Server:
 
 
 @contextmanager
-def running_server(lake: Lakehouse, state_dir: Path, **env: str) -> Iterator[Server]:
-    """``lakehouse serve`` over ``lake`` until the block ends."""
+def running_server(
+    lake: Lakehouse, state_dir: Path, *, workers: int = 1, **env: str
+) -> Iterator[Server]:
+    """``lakehouse serve`` over ``lake`` (``--workers``) until the block ends."""
     port = free_port()
     log = state_dir / "server.log"
     # no Dagster instance unless the test names one (make test exports DAGSTER_HOME)
@@ -76,6 +78,8 @@ def running_server(lake: Lakehouse, state_dir: Path, **env: str) -> Iterator[Ser
         "serve",
         "--port",
         str(port),
+        "--workers",
+        str(workers),
     ]
     with log.open("wb") as out:
         proc = subprocess.Popen(
