@@ -244,6 +244,7 @@ def test_auth_validate_for_a_reverse_proxy(server: Server) -> None:
 
 
 def test_write_get_query_delete(server: Server, admin: httpx.Client) -> None:
+    assert admin.get("/alpha/_api/entities/statements/version").text == ""  # no table yet
     res = admin.post("/alpha/_api/entities", content=ndjson(ENTITIES), params={"origin": "crawl"})
     assert res.status_code == 200, res.text
     assert res.json()["entities"] == 3 and res.json()["statements"] >= 6

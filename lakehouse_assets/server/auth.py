@@ -5,7 +5,8 @@ Two token shapes, both HS256 JWTs signed with ``LAKEHOUSE_API_SECRET``:
 - **ours**: ``sub`` the tenant (its tags, locks and queue are that tenant's),
   ``datasets`` (names or globs: ``["news_*"]``), ``actions`` (``read``,
   ``write``, ``operate``, ``admin``; ``admin`` allows every action), ``exp``;
-- **the peer's** (ftm-lakehouse 0.9's ``api/auth.py``): ``methods`` (HTTP
+- **the peer's** (ftm-lakehouse's ``api/auth.py`` as its repository had it until
+  commit d9e5807 dropped it; no PyPI release ships it): ``methods`` (HTTP
   methods or ``*``) and ``prefixes`` (path prefixes, or globs when they hold
   ``*`` or ``?``), optional ``sub``, ``exp``. Checked against the request's
   method and path exactly as the peer does, so a deployment's tokens and its

@@ -154,8 +154,10 @@ def entities_stats(ds: DatasetDep) -> Any:
 
 @router.get("/{dataset}/_api/entities/statements/version", response_class=PlainTextResponse)
 def statements_version(ds: DatasetDep) -> str:
-    """The statements table's current Delta version, as text (0 before any flush)."""
-    return str(ds.snapshot().versions[0] or 0)
+    """The statements table's current Delta version, as text; empty before the first
+    flush (0.9.0's answer, which its client reads back as ``None``)."""
+    version = ds.snapshot().versions[0]
+    return "" if version is None else str(version)
 
 
 @router.get("/{dataset}/_api/entities")
