@@ -33,14 +33,16 @@ def test_optimize_runs_as_a_dagster_run_in_the_instance(tmp_path: Path) -> None:
             assert job["dagster_job"] == "optimize_job" and job["dagster_run_id"]
         with server.client(server.token(datasets=("runs",), actions=("read",))) as reader:
             deadline = time.monotonic() + 180
-            while (state := reader.get(res.headers["location"]).json())["state"] in (
-                "queued",
-                "running",
-            ):
+            while True:
+                answer = reader.get(res.headers["location"])
+                assert answer.status_code == 200, (answer.text, server.log.read_text()[-3000:])
+                state = answer.json()
+                if state["state"] not in ("queued", "running"):
+                    break
                 assert time.monotonic() < deadline, state
                 time.sleep(0.3)
         assert state["state"] == "succeeded", state
-        assert state["dagster_status"] == "SUCCESS"
+        assert state["dagster_status"] == "SUCCESS", server.log.read_text()[-4000:]
     with dg.DagsterInstance.from_config(str(home)) as instance:
         run = instance.get_run_by_id(job["dagster_run_id"])
         assert run is not None and run.job_name == "optimize_job"

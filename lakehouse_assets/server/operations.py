@@ -109,6 +109,7 @@ class Worker:
     def stop(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+        close_dagster()
         with self._guard:
             left = list(self.futures.items())
         for job_id, future in left:
@@ -201,17 +202,38 @@ def dagster_job(settings: Settings, operation: str) -> str | None:
     return DAGSTER_JOBS.get(operation)
 
 
+_dagster: dict[str, Any] = {}
+_dagster_lock = threading.Lock()
+
+
+def dagster_instance() -> Any:
+    """This process's one ``DagsterInstance`` of ``DAGSTER_HOME``: opening a second one
+    while a run stamps a fresh instance's storage races its schema migration
+    ("more than one head"), so the runs and the status reads share it."""
+    import dagster as dg
+
+    with _dagster_lock:
+        if "instance" not in _dagster:
+            _dagster["instance"] = dg.DagsterInstance.get()
+        return _dagster["instance"]
+
+
+def close_dagster() -> None:
+    with _dagster_lock:
+        instance = _dagster.pop("instance", None)
+    if instance is not None:
+        instance.dispose()
+
+
 def run_in_dagster(ds: Dataset, job_name: str, run_id: str) -> dict[str, Any]:
     """Run ``job_name`` for the dataset's partition as Dagster run ``run_id``, in this
     process on the instance of ``DAGSTER_HOME`` (as ``make demo`` runs its refresh):
     the run, its events and materializations are in the instance, and the UI shows
     them. The job's resources are the Definitions' (the lake of the environment, as
     the server's own tenant)."""
-    import dagster as dg
-
     from lakehouse_assets.definitions import defs
 
-    instance = dg.DagsterInstance.get()
+    instance = dagster_instance()
     if not instance.has_dynamic_partition(cv.DAGSTER_PARTITIONS, ds.name):
         instance.add_dynamic_partitions(cv.DAGSTER_PARTITIONS, [ds.name])
     result = defs.resolve_job_def(job_name).execute_in_process(
@@ -227,10 +249,13 @@ def run_in_dagster(ds: Dataset, job_name: str, run_id: str) -> dict[str, Any]:
 
 
 def dagster_status(run_id: str) -> str | None:
-    """The Dagster run's status in the instance of ``DAGSTER_HOME`` (None: not there)."""
-    import dagster as dg
-
-    run = dg.DagsterInstance.get().get_run_by_id(run_id)
+    """The Dagster run's status in the instance of ``DAGSTER_HOME`` (None: not there yet,
+    or the instance could not be read just now: the job's own state still answers)."""
+    try:
+        run = dagster_instance().get_run_by_id(run_id)
+    except Exception:  # noqa: BLE001 - a busy instance must not fail the job's route
+        log.warning("the Dagster run %s could not be read", run_id, exc_info=True)
+        return None
     return None if run is None else run.status.value
 
 
