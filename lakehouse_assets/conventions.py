@@ -439,7 +439,8 @@ def diff_index_path(dataset: str) -> str:
 
 
 def _table_dir(table: str) -> str:
-    return STATEMENTS_TABLE if table == "statements" else TRANSLOG_TABLE
+    """The folder of a table a manifest names (``statements``, ``translog``, ``changes``)."""
+    return {"statements": STATEMENTS_TABLE, "changes": CHANGES_TABLE}.get(table, TRANSLOG_TABLE)
 
 
 # --- tags -------------------------------------------------------------------

@@ -53,7 +53,7 @@ from followthemoney.dataset.resource import DataResource
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import faults, incremental, progress, staging
 from lakehouse_assets.errors import LockedError
-from lakehouse_assets.flush import flush_for_reading
+from lakehouse_assets.flush import adopt_foreign, flush_for_reading
 from lakehouse_assets.freshness import (  # the export kinds and their rule live there
     ENTITIES,
     EXPORTS,
@@ -430,6 +430,7 @@ def export(
     tags = ds.core_tags
     journal_read = tags.get(cv.JOURNAL_LAST_UPDATED)  # before the flush claims the journal
     flushed = flush_for_reading(ds, wait=ds.settings.lock_wait_seconds)
+    adopt_foreign(ds, wait=ds.settings.lock_wait_seconds)  # what make publishes is what is there
     result.flushed = flushed.result.as_dict() if flushed.result is not None else None
     result.pending = flushed.pending
     with ds.operation_lock("export", tenant=cv.LAKEHOUSE_TENANT), ds.job("export") as job:
@@ -441,12 +442,27 @@ def export(
             cv.JOURNAL_LAST_UPDATED: journal_read,
             cv.STATEMENTS_LAST_UPDATED: tags.get(cv.STATEMENTS_LAST_UPDATED),
         }
+        # another writer's commits since the head: the tags know nothing of them
+        foreign = versions.foreign_since_head(ds)
+        if foreign:
+            progress.stage(
+                "export %s: the tables were changed by another writer (%s): every export "
+                "is written again",
+                ds.name,
+                ", ".join(foreign[:5]),
+            )
         # fresh by the tags, and byte for byte what the head published (a tag never
         # excuses an export that differs from its manifest: it is written again)
         spark_kinds = frozenset(
             k
             for k in kinds
-            if k != INDEX and (force or not is_fresh(ds, k) or not versions.published_intact(ds, k))
+            if k != INDEX
+            and (
+                force
+                or bool(foreign)
+                or not is_fresh(ds, k)
+                or not versions.published_intact(ds, k)
+            )
         )
         result.skipped = [k for k in kinds if k != INDEX and k not in spark_kinds]
         changed_lines = None  # an incremental pass's lines of the entities it changed
@@ -461,7 +477,9 @@ def export(
                 ", ".join(sorted(spark_kinds)),
                 *snapshot.versions,
             )
-            refreshed, result.reason = incremental.attempt(ds, spark_kinds, snapshot, force=force)
+            refreshed, result.reason = incremental.attempt(
+                ds, spark_kinds, snapshot, force=force, trusted=versions.trusted_export_state(ds)
+            )
             result.mode = "full" if refreshed is None else "incremental"
             if refreshed is not None:
                 result.written.update(refreshed.written)
@@ -491,6 +509,7 @@ def export(
                 or not is_fresh(ds, INDEX)
                 or spark_kinds
                 or not versions.published_intact(ds, INDEX)
+                or versions.graph_unpublished(ds)
             ):
                 progress.stage("export %s: index.json and the version manifest", ds.name)
                 statistics = tags.get(cv.EXPORTS_STATISTICS)
@@ -572,6 +591,7 @@ def make_graph(ds: DatasetContext) -> tuple[FlushResult | None, dict[str, Any] |
     from lakehouse_assets import graph
 
     reader = flush_for_reading(ds, wait=ds.settings.lock_wait_seconds)
+    adopt_foreign(ds, wait=ds.settings.lock_wait_seconds)  # the index reflects what is there
     if reader.locked_by is not None:
         return None, {"skipped": f"the dataset's lock is held: {reader.locked_by}"}
     if ds.snapshot().statements.version is None:

@@ -281,6 +281,35 @@ class ExportState:
             ds.store.delete(self.path(ds, previous.index_file))
 
 
+def state_digests(ds: DatasetContext) -> dict[str, Any] | None:
+    """What a version records of the export state (None without one): the SHA-256
+    of ``state.json`` and of the index it names. The next incremental export
+    trusts the state only if these match its head's record (:func:`attempt`);
+    ``verify`` holds the state to the head the same way."""
+    path = ExportState.path(ds)
+    if not ds.store.exists(path):
+        return None
+    raw = ds.store.read_bytes(path)
+    try:
+        index_file = str(json.loads(raw)["index_file"])
+    except (ValueError, KeyError, TypeError):
+        index_file = ""
+    index_path = ExportState.path(ds, index_file) if index_file else ""
+    index_sha = None
+    if index_file and "/" not in index_file and ds.store.exists(index_path):
+        digest = hashlib.sha256()
+        with ds.store.open_read(index_path) as fh:
+            while chunk := fh.read(CHUNK):
+                digest.update(chunk)
+        index_sha = digest.hexdigest()
+    return {
+        "path": cv.EXPORT_STATE + "/state.json",
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "index_file": index_file,
+        "index_sha256": index_sha,
+    }
+
+
 def drop_state(ds: DatasetContext) -> None:
     """Forget the state (the files it describes are being replaced by other means)."""
     if ds.store.exists(ExportState.path(ds)):
@@ -314,7 +343,36 @@ def full_state(
     aggregates = Aggregates()
     aggregates.add(index)
     aggregates.prune()
+    if _same_state(ds, snapshot.versions, files, aggregates, index):
+        log.info("%s: the export state describes these files already: kept", ds.name)
+        return
     ExportState(snapshot.versions, "", files, aggregates).save(ds, index)
+
+
+def _same_state(
+    ds: DatasetContext,
+    versions: tuple[int | None, int | None],
+    files: dict[str, dict[str, Any]],
+    aggregates: Aggregates,
+    index: pa.Table,
+) -> bool:
+    """Whether the state on the lake says what a full pass just computed: the same
+    files, aggregates and per-entity index, from a snapshot no later than this
+    one (an earlier start only widens the next change window). A forced full
+    pass of unchanged content then leaves the state the head covers as it is,
+    and ``make --force`` publishes no version for nothing."""
+    previous = ExportState.load(ds)
+    if previous is None or previous.files != files or asdict(previous.aggregates) != asdict(
+        aggregates
+    ):
+        return False
+    for before, now in zip(previous.snapshot, versions, strict=True):
+        if before is None or now is None or before > now:
+            return False
+    try:
+        return bool(previous.index(ds).equals(index))
+    except (OSError, ValueError, pa.ArrowInvalid):
+        return False
 
 
 def _sorted_ids(index: pa.Table) -> bool:
@@ -853,12 +911,45 @@ def refresh(
         staging.remove(ds, staging_rel)
 
 
+class Trusted(NamedTuple):
+    """The head version's record of the export state (``record`` None: it has none)."""
+
+    sequence: int
+    record: dict[str, Any] | None
+
+
+def _untrusted(ds: DatasetContext, trusted: Trusted) -> str | None:
+    """Why the export state on the lake is not the one the head recorded (None: it is)."""
+    if trusted.record is None:
+        return (
+            f"version {trusted.sequence} records no export state (published before "
+            "states were covered by versions)"
+        )
+    found = state_digests(ds) or {}
+    if any(found.get(k) != trusted.record.get(k) for k in ("sha256", "index_file", "index_sha256")):
+        return (
+            f"the export state is not the one version {trusted.sequence} recorded "
+            "(altered, or written by an export no version published)"
+        )
+    return None
+
+
 @progress.part("exports")
 def attempt(
-    ds: DatasetContext, kinds: frozenset[str], snapshot: DatasetSnapshot, *, force: bool = False
+    ds: DatasetContext,
+    kinds: frozenset[str],
+    snapshot: DatasetSnapshot,
+    *,
+    force: bool = False,
+    trusted: Trusted | None = None,
 ) -> tuple[Refreshed | None, str | None]:
     """The three exports of ``snapshot`` from the last ones and the change feed
-    (:func:`refresh`), or None and why the full pass must run instead (logged)."""
+    (:func:`refresh`), or None and why the full pass must run instead (logged).
+
+    ``trusted``: what the head version recorded of the export state
+    (:func:`state_digests`): a state that is not what the head covers (altered,
+    or written by an export no version published) is not used. None: there is
+    no version to hold it to (the dataset's first)."""
     reason = None
     state = ExportState.load(ds)
     if force:
@@ -867,6 +958,8 @@ def attempt(
         reason = "incremental exports write all three of " + ", ".join(sorted(ALL_THREE))
     elif state is None:
         reason = "no export state (a first export, or one older than incremental exports)"
+    elif trusted is not None and (why := _untrusted(ds, trusted)) is not None:
+        reason = why
     else:
         changes = changes_between(
             ds.changes_table,

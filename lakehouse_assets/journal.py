@@ -347,6 +347,8 @@ class Journal:
             try:
                 metadata.create_all(self.engine, checkfirst=True)
                 self._migrate()
+                if self.dialect == "postgresql":
+                    self._check_durable()
                 return
             except OperationalError as exc:
                 if attempt == 4:
@@ -358,6 +360,46 @@ class Journal:
                 if "already exists" not in str(exc) or attempt == 4:
                     raise
                 time.sleep(0.1)
+
+    def _check_durable(self) -> None:
+        """Refuse a PostgreSQL journal whose tables would not outlive the session.
+
+        The URL's own ``options`` are judged by :mod:`.journal_urls`; a
+        temporary schema can also come from ``PGOPTIONS`` or a role's or
+        database's ``search_path``, and an unlogged table is emptied by a
+        crash of the server. So ask the server where the names the journal
+        uses resolve (``to_regclass`` follows the session's search path as
+        every journal query does) and how they persist.
+        """
+        from lakehouse_assets.errors import NonDurableJournalError
+
+        names = [journal_table.name, *queue_ledger.metadata.tables]
+        with self.engine.connect() as conn:
+            path = conn.exec_driver_sql("SHOW search_path").scalar()
+            for name in names:
+                row = conn.exec_driver_sql(
+                    "SELECT c.relpersistence, n.nspname FROM pg_class c "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE c.oid = to_regclass(%(name)s)",
+                    {"name": name},
+                ).first()
+                # just created: a name that does not resolve was made where this
+                # session cannot see it (another session's temporary schema)
+                persistence, schema = (str(row[0]), str(row[1])) if row else ("t", "?")
+                if persistence == "p":
+                    continue
+                what = "a temporary table" if persistence == "t" else "an unlogged table"
+                raise NonDurableJournalError(
+                    f"journal URL {self._shown()}: the journal table {name!r} is {what} "
+                    f"(schema {schema}, search_path {path!r}), which loses acknowledged "
+                    "writes; check the URL's options, PGOPTIONS and the role's and "
+                    "database's search_path"
+                )
+
+    def _shown(self) -> str:
+        from sqlalchemy.engine import make_url
+
+        return repr(make_url(self.url).render_as_string(hide_password=True))
 
     def _migrate(self) -> None:
         """Bring a journal made by an earlier version up to this schema."""

@@ -19,16 +19,25 @@ itself):
   always a file. SQLite URI filenames (``uri=true``) are refused even when
   they name a file: ``sqlite:///PATH`` says the same without the forms that
   are not files. The message says whether the URL was in memory.
-* ``postgresql://`` (``postgresql+psycopg2``): a server.
+* ``postgresql://`` (``postgresql+psycopg2``): a server, with no connection
+  option that would make the journal's tables temporary: libpq's ``options``
+  parameter (``-c search_path=pg_temp``, ``--search_path=...``) can put
+  ``pg_temp`` first on the search path, so ``CREATE TABLE journal`` makes a
+  temporary table that vanishes with the connection (:func:`postgres_options`).
+  The same can come from outside the URL (``PGOPTIONS``, a role's or a
+  database's ``search_path``): :class:`~lakehouse_assets.journal.Journal`
+  checks where its tables really live after creating them.
 * anything else (another database, another driver): refused; the journal's
   SQL is written for these two.
 
-Only the URL's shape is judged, never the database behind it (a server
+Only the URL's shape is judged here, never the database behind it (a server
 that is down is the connection's error, at first use).
 """
 
 from __future__ import annotations
 
+import re
+import shlex
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote
 
@@ -117,6 +126,45 @@ def _query_items(url: URL) -> list[tuple[str, str]]:
     return items
 
 
+#: A schema name on a search path that is session-private: ``pg_temp`` (the
+#: session's temporary schema) or ``pg_temp_N`` (one of them by number).
+_TEMP_SCHEMA = re.compile(r'^\s*"?pg_temp(_\d+)?"?\s*$', re.IGNORECASE)
+
+
+def postgres_options(url: URL) -> list[tuple[str, str]]:
+    """The server settings libpq's ``options`` URL parameter sets, as (name, value):
+    ``-c name=value``, ``-cname=value`` and ``--name=value`` (PostgreSQL's
+    command-line forms; names are case-insensitive, ``-`` and ``_`` alike)."""
+    found: list[tuple[str, str]] = []
+    for key, value in _query_items(url):
+        if key != "options":
+            continue
+        try:
+            words = shlex.split(value)
+        except ValueError:
+            words = value.split()
+        expect = False
+        for word in words:
+            setting = None
+            if expect:
+                setting, expect = word, False
+            elif word == "-c":
+                expect = True
+            elif word.startswith("-c") or word.startswith("--"):
+                setting = word[2:]
+            if setting and "=" in setting:
+                name, _, val = setting.partition("=")
+                found.append((name.strip().lower().replace("-", "_"), val))
+    return found
+
+
+def temporary_search_path(path: str) -> bool:
+    """Whether a ``search_path`` value puts a temporary schema first among the
+    schemas it names, so new tables are created there."""
+    first = path.split(",")[0] if path.strip() else ""
+    return bool(_TEMP_SCHEMA.match(first))
+
+
 def checked_journal_url(url: str) -> str:
     """``url`` unchanged if it names a SQLite file or a PostgreSQL server;
     otherwise :class:`~lakehouse_assets.errors.NonDurableJournalError` naming
@@ -133,6 +181,14 @@ def checked_journal_url(url: str) -> str:
             f"journal URL {shown} is not a database URL: {USE_INSTEAD}"
         ) from None
     if parsed.drivername in POSTGRESQL_DRIVERS:
+        for name, value in postgres_options(parsed):
+            if name == "search_path" and temporary_search_path(value):
+                raise NonDurableJournalError(
+                    f"journal URL {_shown(parsed, url)}: its options set search_path={value}, "
+                    "which creates the journal as temporary tables that lose acknowledged "
+                    "writes when the connection closes: remove the option (or name a "
+                    "permanent schema)"
+                )
         return url
     if parsed.drivername not in SQLITE_DRIVERS:
         raise NonDurableJournalError(

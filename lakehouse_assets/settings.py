@@ -477,6 +477,14 @@ class Settings(BaseSettings):
             raise ValueError(f"a number is expected, not {str(value).lower()}")
         return value
 
+    @field_validator("cache_dir")
+    @classmethod
+    def _absolute_cache(cls, value: str) -> str:
+        """A relative folder made absolute where it is given: the Spark Connect
+        server and its spark-submit run in folders of their own, where
+        ``cache`` named another place (its properties file was "invalid")."""
+        return str(Path(value).expanduser().absolute()) if value else value
+
     @field_validator("journal_url")
     @classmethod
     def _durable_journal(cls, value: str | None) -> str | None:

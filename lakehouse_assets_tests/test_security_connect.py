@@ -90,6 +90,9 @@ def server() -> Iterator[tuple[Settings, int, str]]:
     warm-up must get in with the token; in its own process, as pyspark allows
     one Connect server per process), in a cache folder another user may
     enter, so the server's own folder and token file are what keep them out.
+    The cache folder is given relative to the folder the command runs in
+    (``LAKEHOUSE_CACHE_DIR=cache``): spark-submit runs in the server's own
+    folder, where a relative properties file path was "invalid" (issue 52).
     Yields the settings, the port and what the start printed on stderr."""
     base = Path(tempfile.mkdtemp(prefix="lakehouse-connect-security-"))
     base.chmod(0o755)  # uid 65534 gets as far as the server's folder
@@ -101,6 +104,7 @@ def server() -> Iterator[tuple[Settings, int, str]]:
     settings = Settings(cache_dir=str(cache), spark_config=spark_config, **TEST_SPARK)
     port = free_port()
     env = _env(cache)
+    env["LAKEHOUSE_CACHE_DIR"] = "cache"  # relative to cwd=base
     env["LAKEHOUSE_SPARK_CONFIG"] = json.dumps(spark_config)
     env.update({f"LAKEHOUSE_{k.upper()}": str(v) for k, v in TEST_SPARK.items()})
     started = subprocess.run(
@@ -460,3 +464,15 @@ def test_a_local_spark_authenticates_its_own_rpc_ports(tmp_path: Path) -> None:
     assert connect.server_confs(local, free_port(), tmp_path)["spark.authenticate"] == "true"
     cluster = local.model_copy(update={"spark_master": "spark://spark.example.org:7077"})
     assert "spark.authenticate" not in spark_conf(cluster)
+
+
+def test_a_failed_start_names_its_cause_not_the_usage_text() -> None:
+    """spark-submit prints its usage after the cause; the error shows the cause."""
+    log = (
+        "Error: Properties file cache/connect-15002/server.properties does not exist\n"
+        "Usage: spark-submit [options] <app jar | python file | R file> [app arguments]\n"
+        "Options:\n  --master MASTER_URL         spark://host:port, mesos://host:port\n"
+    )
+    assert connect.start_failure(log).startswith("Error: Properties file")
+    assert connect.start_failure("") == "(the log is empty)"
+    assert Settings(cache_dir="cache").cache_path.is_absolute()

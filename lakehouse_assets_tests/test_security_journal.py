@@ -186,3 +186,63 @@ def test_a_relative_sqlite_file_is_a_file(tmp_path: Path, monkeypatch: pytest.Mo
     journal = Journal("sqlite:///relative.sqlite?timeout=5")
     assert (tmp_path / "relative.sqlite").is_file()
     journal.engine.dispose()
+
+
+#: libpq ``options`` that put a temporary schema first on the search path: the
+#: journal's CREATE TABLE then makes session-private tables (issue 52: "wrote 1
+#: entities", exit 0, and the next process found 0 rows)
+TEMPORARY_OPTIONS = [
+    "options=-csearch_path%3Dpg_temp",
+    "options=-c%20search_path%3Dpg_temp",
+    "options=--search_path%3DPG_TEMP",
+    "options=-c%20search_path%3D%22pg_temp_3%22,public",
+]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("options", TEMPORARY_OPTIONS)
+def test_a_postgresql_url_whose_options_make_the_journal_temporary_is_refused(
+    tmp_path: Path, lake_dir: Path, entities_file: Path, postgres_database: str, options: str
+) -> None:
+    url = f"{postgres_database}?{options}"
+    res = cli(
+        "--lake", str(lake_dir), "--journal-url", url, "-d", "ds",
+        "entities", "write", "-i", str(entities_file),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert_refused(res, url, "search_path")
+    assert "temporary" in res.stderr
+    with pytest.raises(NonDurableJournalError, match="temporary"):
+        Lakehouse(lake_dir, journal_url=url).dataset("ds").add_entity(sample_entities()[0])
+
+
+@pytest.mark.postgres
+def test_a_temporary_search_path_from_outside_the_url_is_found_on_the_server(
+    tmp_path: Path, lake_dir: Path, entities_file: Path, postgres_database: str
+) -> None:
+    """PGOPTIONS (or a role's or database's search_path) can do what the URL's
+    options do: the journal asks the server where its tables were made."""
+    env = {**os.environ, "PGOPTIONS": "-c search_path=pg_temp"}
+    res = cli(
+        "--lake", str(lake_dir), "--journal-url", postgres_database, "-d", "ds",
+        "entities", "write", "-i", str(entities_file),
+        env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert "wrote" not in res.stdout + res.stderr
+    assert res.stderr.count("\n") == 1 and "temporary table" in res.stderr, res.stderr
+    # a database whose own search_path is temporary: the same, with no option anywhere
+    import sqlalchemy as sa
+
+    from lakehouse_assets_tests.conftest import psycopg2_url
+
+    name = postgres_database.rsplit("/", 1)[1]
+    admin = sa.create_engine(psycopg2_url(postgres_database), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f"ALTER DATABASE {name} SET search_path = pg_temp"))
+    admin.dispose()
+    with pytest.raises(NonDurableJournalError, match="temporary table"):
+        Journal(postgres_database)
+    # the writes of an accepted journal are there for the next process
+    good = Journal(f"{postgres_database}?options=-csearch_path%3Dpublic")
+    assert good.count("ds") == 0

@@ -322,6 +322,12 @@ def _count_forged(index: dict[str, Any]) -> None:
     index["diffs"][1]["counts"]["ADD"] += 1
 
 
+def _middle_version_dropped(index: dict[str, Any]) -> None:
+    """yente would apply version 1's delta, then 3's: version 2's changes lost."""
+    second = next(d for d in index["diffs"] if d["sequence"] == 2)
+    del index["versions"][second["version"]]
+
+
 def _extra_diff(index: dict[str, Any]) -> None:
     index["diffs"].append({**index["diffs"][-1], "sequence": 9})
 
@@ -425,6 +431,10 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
         ),
         "points at a manifest the chain does not have",
     ),
+    "latest pointer rolled back to the previous version": (
+        lambda r: (D(r) / "versions/latest.json").write_text(chain_entry(r, HEAD - 1).read_text()),
+        "but the head is 4",
+    ),
     "latest pointer removed": (
         lambda r: (D(r) / "versions/latest.json").unlink(),
         "head pointer is missing",
@@ -505,6 +515,18 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     "diff index names a version the chain lacks": (
         diff_index_edit(_extra_diff),
         "diff index names a version the chain lacks",
+    ),
+    "diff index format edited": (
+        diff_index_edit(lambda i: i.update(format="entities.ftm.json")),
+        "diff index fields differ",
+    ),
+    "diff index entry's own field edited": (
+        diff_index_edit(lambda i: i["diffs"][1].update(parent_sequence=7)),
+        "diff index entry differs",
+    ),
+    "delta index: a version left out of the middle": (
+        diff_index_edit(_middle_version_dropped),
+        "not the run of versions up to the newest",
     ),
     # the graph index
     "graph state: generation dropped": (graph_generation_dropped, "graph state differs"),

@@ -481,9 +481,9 @@ def start(
     while not answers("127.0.0.1", port):
         if proc.poll() is not None or time.monotonic() - clock > timeout:
             stop(settings, port)
-            tail = log_path.read_text(errors="replace")[-1500:]
             raise ConfigurationError(
-                f"the Spark Connect server did not start (see {log_path}): {tail.strip()[-300:]}"
+                f"the Spark Connect server did not start (see {log_path}): "
+                f"{start_failure(log_path.read_text(errors='replace')[-20000:])}"
             )
         time.sleep(0.2)
     try:
@@ -491,6 +491,21 @@ def start(
     except Exception as exc:  # noqa: BLE001 - a failed warm-up only costs the first job time
         logger.warning("the Spark Connect server answers, but its warm-up failed: %s", exc)
     return status(settings, port)
+
+
+#: Words of a spark-submit or JVM line that says why a start failed (spark-submit
+#: prints its usage text after the cause, so the log's tail alone hid it).
+_CAUSE_WORDS = ("error", "exception", "invalid", "not found", "cannot", "denied")
+
+
+def start_failure(log: str) -> str:
+    """The line of a failed start's log that names its cause: the first that says
+    error, exception, invalid…; else the log's last line."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    for line in lines:
+        if any(word in line.lower() for word in _CAUSE_WORDS) and not line.startswith("Usage"):
+            return line[:400]
+    return lines[-1][:400] if lines else "(the log is empty)"
 
 
 def _warm_up(url: str, settings: Settings, jobs: Callable[[str, Settings], None] | None) -> None:

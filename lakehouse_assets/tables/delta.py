@@ -40,6 +40,14 @@ from lakehouse_assets.errors import ConcurrentWriteError, LockLostError
 #: App transaction of translog commits: the statements version they publish.
 PUBLISHED_APP_ID = "lakehouse.statements"
 
+#: Commit metadata a lakehouse commit carries: flush, compact, optimize, vacuum,
+#: schema evolution (``lakehouse.operation``), the version anchor, the graph index.
+OWN_COMMIT_KEYS = (
+    "lakehouse.operation",
+    "lakehouse.manifest_hash",
+    "lakehouse.graph.reflects_translog",
+)
+
 
 class CommitFence(Protocol):
     """A lock's fence (:class:`locks.Fence`): app id, generation, still-held check."""

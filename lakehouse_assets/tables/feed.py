@@ -28,9 +28,12 @@ import pyarrow.compute as pc
 from lakehouse_assets.tables.delta import DeltaLocation
 from lakehouse_assets.tables.schemas import CHANGES_SCHEMA
 from lakehouse_assets.tables.snapshot import Snapshot, _commit_file, arrow_dataset
+from lakehouse_assets.tables.writers import commit_actions, is_foreign
 
 #: the ``change`` values of the feed's rows
 VERSION, LIVE, DEAD = "version", "live", "dead"
+#: Commit metadata of a feed commit: the translog version whose rows it adds.
+TRANSLOG_VERSION_KEY = "lakehouse.translog_version"
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,12 @@ def _feed_rows(
     snapshot = Snapshot.load(changes)
     if snapshot.version is None:
         return "the lake has no change feed yet (written by flushes since issue 34)"
+    rewritten = _rewritten_since(changes, since, snapshot.version)
+    if rewritten is not None:
+        return (
+            f"change feed version {rewritten} was not made by a flush (another writer "
+            "changed the feed)"
+        )
     window = (pc.field("translog_version") > since) & (pc.field("translog_version") <= until)
     rows = arrow_dataset(snapshot.files, CHANGES_SCHEMA, changes.storage_options).to_table(
         columns=list(dict.fromkeys(["translog_version", "change", *columns])), filter=window
@@ -128,6 +137,26 @@ def _feed_rows(
             "a flush that died before recording its change)"
         )
     return rows
+
+
+def _rewritten_since(changes: DeltaLocation, since: int, latest: int) -> int | None:
+    """The newest commit of the feed, back to the one that recorded translog
+    version ``since``, that another writer made (None: all the flushes' own).
+
+    A reader of the window after ``since`` trusts the rows those commits hold;
+    a delta-rs ``delete()`` or rewrite of the feed would hide changes from it
+    (the incremental export would publish without them). Commits from before
+    the translog version was recorded in their metadata are read back to the
+    start of the feed."""
+    for version in range(latest, -1, -1):
+        actions = commit_actions(changes, version)
+        if is_foreign(actions):
+            return version
+        for action in actions or ():
+            recorded = (action.get("commitInfo") or {}).get(TRANSLOG_VERSION_KEY)
+            if recorded is not None and int(recorded) <= since:
+                return None
+    return None
 
 
 def statements_changed(

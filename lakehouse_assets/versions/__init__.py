@@ -127,9 +127,12 @@ from lakehouse_assets.versions.publishing import (
     PublishResult,
     covers,
     delta_tags,
+    foreign_since_head,
+    graph_unpublished,
     publish,
     publish_relayout,
     published_intact,
+    trusted_export_state,
 )
 from lakehouse_assets.versions.render import logical_hash, render_export
 from lakehouse_assets.versions.report import Problem, VerifyReport
@@ -170,7 +173,9 @@ __all__ = [
     "diff_index_path",
     "diff_path",
     "entity_changes",
+    "foreign_since_head",
     "graph_state_core",
+    "graph_unpublished",
     "head",
     "head_sequence",
     "history",
@@ -191,6 +196,7 @@ __all__ = [
     "version_snapshot",
     "table_files",
     "trace",
+    "trusted_export_state",
     "unchanged",
     "vacuum_ran",
     "verify",

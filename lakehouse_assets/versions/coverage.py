@@ -34,8 +34,14 @@ from typing import TYPE_CHECKING, Any, Final
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.conventions import diff_index_path
-from lakehouse_assets.tables.delta import DeltaLocation
-from lakehouse_assets.versions.feed import LAKEHOUSE_VERSION, catalog_record
+from lakehouse_assets.tables.delta import OWN_COMMIT_KEYS, DeltaLocation
+from lakehouse_assets.tables.snapshot import Snapshot
+from lakehouse_assets.versions.feed import (
+    DIFF_INDEX_FORMAT,
+    LAKEHOUSE_VERSION,
+    catalog_record,
+    diff_index_entry,
+)
 from lakehouse_assets.versions.manifest import graph_state_core
 from lakehouse_assets.versions.report import Problem, VerifyReport
 
@@ -43,13 +49,6 @@ if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
     from lakehouse_assets.versions.chain import Version
 
-#: Commit metadata a lakehouse commit carries: flush, compact, optimize, vacuum,
-#: schema evolution (``lakehouse.operation``), the version anchor, the graph index.
-OWN_COMMIT_KEYS: Final = (
-    "lakehouse.operation",
-    "lakehouse.manifest_hash",
-    "lakehouse.graph.reflects_translog",
-)
 #: Lakehouse commits that change no row a reader reads.
 NO_DATA_OPERATIONS: Final = ("vacuum",)
 
@@ -187,6 +186,7 @@ def check_after_head(ds: DatasetContext, head: Version, report: VerifyReport) ->
     for name, table_dir, location in (
         ("statements", cv.STATEMENTS_TABLE, ds.statements_table),
         ("translog", cv.TRANSLOG_TABLE, ds.translog_table),
+        ("changes", cv.CHANGES_TABLE, ds.changes_table),
     ):
         try:
             commits, missing = commits_after(ds, table_dir, location, head.table_version(name))
@@ -234,7 +234,10 @@ def check_after_head(ds: DatasetContext, head: Version, report: VerifyReport) ->
     for name, table_dir, snap in (
         ("statements", cv.STATEMENTS_TABLE, snapshot.statements),
         ("translog", cv.TRANSLOG_TABLE, snapshot.translog),
+        ("changes", cv.CHANGES_TABLE, Snapshot.load(ds.changes_table)),
     ):
+        if name not in added:
+            continue
         named = {
             f["path"] for f in (head.manifest.get("tables", {}).get(name) or {}).get("files", [])
         }
@@ -341,12 +344,47 @@ def check_graph(
             report.problems.append(Problem(head.sequence, path, "graph index file differs"))
 
 
-#: Fields of a diffs' index entry that repeat the version's manifest.
-DIFF_FIELDS: Final = ("path", "size", "sha256", "counts", "skipped")
+def check_export_state(ds: DatasetContext, head: Version, report: VerifyReport) -> None:
+    """``exports/_state`` (what the next incremental export subtracts from and
+    splices into) as the head recorded it: a state no version covers would be
+    trusted by no export, and one altered would launder wrong statistics."""
+    from lakehouse_assets.incremental import state_digests
+
+    caches = head.manifest.get("caches")
+    path = cv.dataset_path(ds.name, cv.EXPORT_STATE, "state.json")
+    if caches is None:
+        report.notes.append(
+            f"version {head.sequence} was published before the export state was covered: "
+            "it is checked from the next version on"
+        )
+        return
+    recorded = caches.get("export_state")
+    found = state_digests(ds)
+    if recorded == found:
+        return
+    if found is None:
+        report.problems.append(Problem(head.sequence, path, "export state is missing"))
+    else:
+        report.problems.append(
+            Problem(
+                head.sequence,
+                path,
+                "export state differs from the head's manifest (altered, or written by an "
+                "export and not published: run make)",
+            )
+        )
+
+
+#: The keys of the diffs' index: nothing else is written, so nothing else may be there.
+DIFF_INDEX_KEYS: Final = frozenset({"dataset", "format", "diffs", "versions"})
 
 
 def check_diff_index(ds: DatasetContext, versions: Sequence[Version], report: VerifyReport) -> None:
-    """``diffs/entities.ftm.json/index.json``: one entry per version, as its manifest has it."""
+    """``diffs/entities.ftm.json/index.json`` as publishing writes it: its own
+    fields, an entry per version equal to what the version's manifest gives
+    (:func:`~.feed.diff_index_entry`), and yente's ``versions``: each naming its
+    own diff, a run of consecutive versions up to the newest (a version left
+    out of the middle would make yente skip its changes)."""
     path = diff_index_path(ds.name)
     if not versions:
         return
@@ -359,12 +397,19 @@ def check_diff_index(ds: DatasetContext, versions: Sequence[Version], report: Ve
     except (ValueError, KeyError, TypeError):
         report.problems.append(Problem(None, path, "diff index is not valid"))
         return
+    if set(data) != DIFF_INDEX_KEYS or (
+        data.get("dataset"),
+        data.get("format"),
+    ) != (ds.name, DIFF_INDEX_FORMAT):
+        report.problems.append(
+            Problem(None, path, "diff index fields differ from what publishing writes")
+        )
     by_seq = {v.sequence: v for v in versions}
     for seq in sorted(set(entries) - set(by_seq)):
         report.problems.append(Problem(seq, path, "diff index names a version the chain lacks"))
     # yente's delta index: each version id names that version's own diff
     by_id = {v.version_id: v for v in versions}
-    listed = data.get("versions") or {}
+    listed = data.get("versions")
     if not isinstance(listed, dict):
         report.problems.append(Problem(None, path, "delta index `versions` is not valid"))
         listed = {}
@@ -380,18 +425,26 @@ def check_diff_index(ds: DatasetContext, versions: Sequence[Version], report: Ve
                     f"delta index names {vid!r} with a file that is not its diff",
                 )
             )
+    window = sorted(by_id[v].sequence for v in listed if v in by_id)
+    newest = max(entries, default=0)
+    newest_diff = (
+        "path" in (by_seq[newest].manifest.get("diff") or {}) if newest in by_seq else False
+    )
+    if window != list(range(newest - len(window) + 1, newest + 1)) or (newest_diff and not window):
+        report.problems.append(
+            Problem(
+                None,
+                path,
+                "delta index `versions` is not the run of versions up to the newest "
+                f"(lists {window[:3]}{'…' if len(window) > 3 else ''}): yente would skip changes",
+            )
+        )
     for version in versions:
         entry = entries.get(version.sequence)
         if entry is None:
             report.problems.append(Problem(version.sequence, path, "diff index lacks the version"))
             continue
-        diff = version.manifest.get("diff") or {}
-        if (
-            entry.get("version_hash") != version.hash
-            or entry.get("parent_hash") != version.manifest.get("parent_hash")
-            or entry.get("snapshot_id") != version.snapshot_id
-            or any(entry.get(k) != diff.get(k) for k in DIFF_FIELDS)
-        ):
+        if entry != diff_index_entry(version):
             report.problems.append(
                 Problem(version.sequence, path, "diff index entry differs from the manifest")
             )

@@ -1,9 +1,11 @@
 """Entity changes between two snapshots, and the diff files a version publishes.
 
-From the translog rows that differ (only the files one side has are read) to
-the entities that were added, modified or deleted, written as JSON lines.
-The translog rows that differ come from
-:func:`lakehouse_assets.tables.changes.changed_translog_rows`.
+From the translog and statements rows that differ (only the files one side
+has are read) to the entities that were added, modified or deleted, written
+as JSON lines. The rows that differ come from
+:func:`lakehouse_assets.tables.changes.changed_translog_rows` and
+:func:`~lakehouse_assets.tables.changes.changed_statement_rows` (the latter
+finds what a writer outside the lakehouse changed: the translog does not).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.tables.changes import changed_translog_rows
+from lakehouse_assets.tables.changes import changed_statement_rows, changed_translog_rows
 from lakehouse_assets.tables.snapshot import DatasetSnapshot
 
 if TYPE_CHECKING:
@@ -74,6 +76,13 @@ def entity_changes(
 
     new_rows, old_rows = changed_translog_rows(ds, old, new)
     found = _canonical_ids(ds, new, new_rows) | _canonical_ids(ds, old, old_rows)
+    # and the statements a writer changed without the translog knowing (a
+    # delta-rs delete() or append): the diff says every change, by whoever
+    # made it, or yente never learns of it
+    new_stmts, old_stmts = changed_statement_rows(ds, old, new)
+    for rows in (new_stmts, old_stmts):
+        found.update(pc.unique(rows.column("canonical_id")).to_pylist())
+    found.discard(None)
     ids = sorted(found, key=lambda i: (bucket_of(i), i))
     for start in range(0, len(ids), 5000):
         batch = ids[start : start + 5000]

@@ -111,6 +111,24 @@ def delta_versions(
     return out
 
 
+#: The diffs' index's ``format``: what a reader of the file is told it holds.
+DIFF_INDEX_FORMAT: Final = "entities.ftm.json delta"
+
+
+def diff_index_entry(version: Version) -> dict[str, Any]:
+    """A version's entry in the diffs' index: its place in the chain and its diff
+    as the manifest records it (written by publishing, held to it by verify)."""
+    return {
+        "sequence": version.sequence,
+        "snapshot_id": version.snapshot_id,
+        "version": version.version_id,
+        "version_hash": version.hash,
+        "parent_sequence": version.sequence - 1 if version.sequence > 1 else None,
+        "parent_hash": version.manifest["parent_hash"],
+        **version.manifest.get("diff", {}),
+    }
+
+
 def catalog_entry(store: Store, name: str, version: Version | None) -> dict[str, Any]:
     """A dataset as the catalog ``index.json`` lists it: the ``index.json`` its head
     published (without the statistics), its ``version`` and the lake's record

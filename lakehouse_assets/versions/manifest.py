@@ -226,9 +226,13 @@ def build_manifest(
     if parent is not None and created <= parent.created_at:  # monotonic, even with clock skew
         created = parent.created_at + timedelta(microseconds=1)
     tables: dict[str, Any] = {}
+    # the change feed as it is now: the next incremental export trusts its rows,
+    # so the version covers its files and log like the tables' (verify holds them)
+    feed = ds.changes_table.table()
     for name, location, version in (
         ("statements", ds.statements_table, snapshot.statements.version),
         ("translog", ds.translog_table, snapshot.translog.version),
+        ("changes", ds.changes_table, None if feed is None else feed.version()),
     ):
         entry = _table_entry(ds, name, location, version, parent)
         if entry is not None:
@@ -284,7 +288,20 @@ def build_manifest(
     graph = _graph_entry(ds, snapshot, parent)
     if graph is not None:
         manifest["graph"] = graph
+    manifest["caches"] = caches_entry(ds)
     return manifest
+
+
+def caches_entry(ds: DatasetContext) -> dict[str, Any]:
+    """What the version covers of the caches the next operations trust: the
+    incremental export's state (:func:`~lakehouse_assets.incremental.state_digests`;
+    the next incremental export uses it only if it matches, ``verify`` holds it
+    to the head). The change feed is a table of the manifest's own, the graph
+    index has its entry (:func:`_graph_entry`)."""
+    from lakehouse_assets.incremental import state_digests
+
+    state = state_digests(ds)
+    return {} if state is None else {"export_state": state}
 
 
 def _graph_entry(
@@ -372,6 +389,7 @@ def unchanged(manifest: Mapping[str, Any], parent: Version | None) -> bool:
         and table_files(manifest) == table_files(old)
         and (manifest.get("graph") or {}).get("state_core_sha256")
         == (old.get("graph") or {}).get("state_core_sha256")
+        and (manifest.get("caches") or {}) == (old.get("caches") or {})
     )
 
 

@@ -33,6 +33,7 @@ from lakehouse_assets.staging import scratch_dir
 from lakehouse_assets.tables.delta import DeltaLocation, commit
 from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
 from lakehouse_assets.tables.snapshot import DatasetSnapshot
+from lakehouse_assets.tables.writers import foreign_commits
 from lakehouse_assets.versions.asof import (
     VersionDamagedError,
     VersionExpiredError,
@@ -46,13 +47,24 @@ from lakehouse_assets.versions.diffs import (
     diff_from_lines,
     render_diff,
 )
-from lakehouse_assets.versions.feed import delta_retention, delta_versions, stamp_index
+from lakehouse_assets.versions.feed import (
+    DIFF_INDEX_FORMAT,
+    delta_retention,
+    delta_versions,
+    diff_index_entry,
+    stamp_index,
+)
 from lakehouse_assets.versions.hashes import canonical_json, manifest_hash, sha256_of
-from lakehouse_assets.versions.manifest import build_manifest, table_files, unchanged
+from lakehouse_assets.versions.manifest import (
+    build_manifest,
+    graph_state_core,
+    table_files,
+    unchanged,
+)
 
 if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
-    from lakehouse_assets.incremental import ChangedLines
+    from lakehouse_assets.incremental import ChangedLines, Trusted
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +297,57 @@ def published_intact(ds: DatasetContext, kind: str) -> bool:
     return sha256_of(ds, full) == str(entry["sha256"])
 
 
+def foreign_since_head(ds: DatasetContext) -> list[str]:
+    """The commits after the head's table versions (every commit, with no version
+    yet) that another writer made (:func:`~lakehouse_assets.tables.writers.foreign_commits`),
+    as ``statements v7``: the exports' freshness tags know nothing of them, so
+    ``make`` rebuilds every export and publishes what the tables now hold."""
+    try:
+        version = head(ds)
+    except (LakehouseError, ValueError, KeyError):
+        version = None
+    found = []
+    for name, location in (("statements", ds.statements_table), ("translog", ds.translog_table)):
+        since = version.table_version(name) if version is not None else None
+        found += [f"{name} v{v}" for v in foreign_commits(location, since)]
+    return found
+
+
+def trusted_export_state(ds: DatasetContext) -> Trusted | None:
+    """The head's record of the export state, for the next incremental export
+    (:func:`~lakehouse_assets.incremental.attempt`); None without a version."""
+    from lakehouse_assets.incremental import Trusted
+
+    try:
+        version = head(ds)
+    except (LakehouseError, ValueError, KeyError):
+        return Trusted(0, None)  # a head that cannot be read vouches for nothing
+    if version is None:
+        return None
+    record = (version.manifest.get("caches") or {}).get("export_state")
+    return Trusted(version.sequence, record if isinstance(record, dict) else None)
+
+
+def graph_unpublished(ds: DatasetContext) -> bool:
+    """Whether the graph index is not the one the head published (built or
+    updated since, without the fields every update rewrites): ``make`` then
+    publishes a version even when every export is fresh, so what it changed
+    is covered and ``verify`` has no unpublished work to report."""
+    state_path = cv.dataset_path(ds.name, cv.GRAPH_STATE)
+    try:
+        version = head(ds)
+    except (LakehouseError, ValueError, KeyError):
+        return False
+    if version is None or not ds.store.exists(state_path):
+        return False
+    recorded = version.manifest.get("graph") or {}
+    try:
+        core = graph_state_core(ds.store.read_bytes(state_path))
+    except ValueError:
+        return True  # not JSON: make rebuilds and publishes it
+    return core != recorded.get("state_core_sha256")
+
+
 def covers(version: Version, snapshot: DatasetSnapshot) -> bool:
     """Whether ``version``'s manifest names exactly the data files of ``snapshot``."""
     files = table_files(version.manifest)
@@ -302,20 +365,10 @@ def _finish(ds: DatasetContext, version: Version) -> None:
     index: dict[str, Any] = (
         json.loads(ds.store.read_text(index_path))
         if ds.store.exists(index_path)
-        else {"dataset": ds.name, "format": "entities.ftm.json delta", "diffs": []}
+        else {"dataset": ds.name, "format": DIFF_INDEX_FORMAT, "diffs": []}
     )
     if not any(d["sequence"] == version.sequence for d in index["diffs"]):
-        index["diffs"].append(
-            {
-                "sequence": version.sequence,
-                "snapshot_id": version.snapshot_id,
-                "version": version.version_id,
-                "version_hash": version.hash,
-                "parent_sequence": version.sequence - 1 if version.sequence > 1 else None,
-                "parent_hash": version.manifest["parent_hash"],
-                **version.manifest.get("diff", {}),
-            }
-        )
+        index["diffs"].append(diff_index_entry(version))
         index["diffs"].sort(key=lambda d: d["sequence"])
         index["versions"] = delta_versions(ds, index["diffs"], delta_retention(ds.store, ds.name))
         ds.store.write_text(index_path, json.dumps(index, indent=1))

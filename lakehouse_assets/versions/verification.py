@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.conventions import CHAIN, _table_dir, chain_entry_path, latest_path
 from lakehouse_assets.errors import LakehouseError
-from lakehouse_assets.tables.delta import add_actions
+from lakehouse_assets.tables.delta import DeltaLocation, add_actions
+from lakehouse_assets.tables.snapshot import Snapshot
 from lakehouse_assets.versions import coverage as verify_coverage
 from lakehouse_assets.versions.asof import snapshot_at
 from lakehouse_assets.versions.chain import Version
@@ -29,6 +30,16 @@ from lakehouse_assets.versions.report import Problem, VerifyReport
 
 if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
+
+
+def TABLES(ds: DatasetContext) -> tuple[tuple[str, DeltaLocation], ...]:  # noqa: N802
+    """The tables a manifest covers, by the name it gives them: the statements,
+    the translog and the change feed (which incremental exports trust)."""
+    return (
+        ("statements", ds.statements_table),
+        ("translog", ds.translog_table),
+        ("changes", ds.changes_table),
+    )
 
 
 class _Hasher:
@@ -171,6 +182,7 @@ def verify(
         current = {
             "statements": {f.path for f in latest.statements.files},
             "translog": {f.path for f in latest.translog.files},
+            "changes": {f.path for f in Snapshot.load(ds.changes_table).files},
         }
     except Exception as exc:  # a broken Delta log
         report.problems.append(Problem(None, "tables", f"Delta log unreadable: {exc}"))
@@ -182,7 +194,7 @@ def verify(
             location,
             head_version.table_version(name) if head_version is not None else None,
         )
-        for name, location in (("statements", ds.statements_table), ("translog", ds.translog_table))
+        for name, location in TABLES(ds)
     }
     for version in versions:
         _check_files(ds, version, current, vacuumed, hasher, report)
@@ -191,6 +203,7 @@ def verify(
         _check_exports(ds, head_version, hasher, report)
         verify_coverage.check_after_head(ds, head_version, report)
         verify_coverage.check_graph(ds, head_version, hasher.sha256, report)
+        verify_coverage.check_export_state(ds, head_version, report)
         verify_coverage.check_diff_index(ds, versions, report)
         verify_coverage.check_catalog(ds, versions, report)
         if deep:
@@ -212,7 +225,53 @@ def verify(
                             "the live statements do not hash to the manifest's logical hash",
                         )
                     )
+            _check_statistics(ds, head_version, report)
     return report
+
+
+def _sorted_stats(stats: Any) -> Any:
+    """statistics.json without list order (ftmq lists what it met in that order)."""
+    if isinstance(stats, dict):
+        return {k: _sorted_stats(v) for k, v in stats.items()}
+    if isinstance(stats, list):
+        return sorted(
+            (_sorted_stats(v) for v in stats), key=lambda v: json.dumps(v, sort_keys=True)
+        )
+    return stats
+
+
+def _check_statistics(ds: DatasetContext, head: Version, report: VerifyReport) -> None:
+    """``--deep``: statistics.json recomputed by ftmq's ``Collector`` from the
+    published entities.ftm.json (which plain verify holds to the manifest): an
+    incremental export's aggregates are a cache, and a wrong one would publish
+    wrong counts beside right entities."""
+    from followthemoney import ValueEntity
+    from ftmq.model.stats import Collector
+
+    stats_path = cv.dataset_path(ds.name, cv.STATISTICS_JSON)
+    entities_path = cv.dataset_path(ds.name, cv.ENTITIES_JSON)
+    if not ds.store.exists(stats_path) or not ds.store.exists(entities_path):
+        return
+    collector = Collector()  # type: ignore[no-untyped-call]
+    with ds.store.open_read(entities_path) as fh:
+        for line in fh:
+            if line.strip():
+                collector.collect(ValueEntity.from_dict(json.loads(line)))
+    want = collector.export().model_dump(mode="json")
+    try:
+        got = json.loads(ds.store.read_text(stats_path))
+    except ValueError:
+        got = None
+    if _sorted_stats(got) != _sorted_stats(want):
+        report.problems.append(
+            Problem(
+                head.sequence,
+                stats_path,
+                "statistics differ from those of the published entities "
+                f"(entity_count {got.get('entity_count') if isinstance(got, dict) else '?'}, "
+                f"recomputed {want.get('entity_count')})",
+            )
+        )
 
 
 def _check_links(
@@ -261,7 +320,7 @@ def _check_pointer(
     by_seq = dict(entries)
     latest = latest_path(ds.name)
     if not ds.store.exists(latest):
-        # the pointer may lag but never lie; a missing one names no head at all
+        # a missing pointer names no head at all
         # (a publish interrupted before it, or removed): make writes it again
         report.problems.append(Problem(None, latest, "head pointer is missing (run make)"))
     else:
@@ -272,13 +331,25 @@ def _check_pointer(
             report.problems.append(Problem(None, latest, "not a valid pointer"))
         else:
             entry = by_seq.get(seq)
-            if entry is None or entry["hash"] != pointer.get("hash"):
+            if (
+                entry is None
+                or entry["hash"] != pointer.get("hash")
+                or entry["path"] != pointer.get("path")
+            ):
                 report.problems.append(
                     Problem(seq, latest, "points at a manifest the chain does not have")
                 )
             elif seq < entries[-1][0]:
-                report.notes.append(
-                    f"latest.json lags: it names {seq}, the head is {entries[-1][0]}"
+                # readers outside the lakehouse trust the pointer: an older
+                # version there is a rollback (or a publish that died before
+                # writing it, which the next make finishes)
+                report.problems.append(
+                    Problem(
+                        seq,
+                        latest,
+                        f"names version {seq} but the head is {entries[-1][0]}: rolled "
+                        "back, or a publish was interrupted (make writes it again)",
+                    )
                 )
     if trusted_head and entries[-1][1]["hash"] != trusted_head:
         report.problems.append(
@@ -339,7 +410,7 @@ def _check_files(
 
 def _check_head_tables(ds: DatasetContext, version: Version, report: VerifyReport) -> None:
     """The Delta log at the head's versions lists exactly the files the manifest names."""
-    for name, location in (("statements", ds.statements_table), ("translog", ds.translog_table)):
+    for name, location in TABLES(ds):
         entry = version.manifest.get("tables", {}).get(name)
         if entry is None:
             continue
