@@ -64,6 +64,8 @@ def _ensure(journal: Journal) -> Engine:
                     raise
                 if "already exists" not in str(exc):
                     time.sleep(0.2 * (attempt + 1))
+        if engine.dialect.name == "postgresql":  # a temporary ledger would forget items
+            journal.check_durable(list(metadata.tables))
         _ready.add(engine)
     return engine
 
