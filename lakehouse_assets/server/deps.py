@@ -63,8 +63,9 @@ def staging_dir(settings: Settings) -> Path:
     cache folder: the archive never reads a source there)."""
     default = Path(tempfile.gettempdir()) / f"lakehouse-server-{os.getuid()}"
     base = Path(settings.api_state_dir or default).expanduser()
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)  # owner only, as what it holds
     folder = base / "staging"
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder.mkdir(exist_ok=True, mode=0o700)
     return folder
 
 
