@@ -67,11 +67,13 @@ test-cluster: install java
 	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist loadfile -m "spark_modes or cluster" $(PYTEST_ARGS)
 
 # the property suite with every property at >= 100 examples locally, 20 on S3,
-# and the crash tests at every flush fault point (long)
+# the crash tests at every flush fault point, and the HTTP API's fuzz run at 100
+# examples an operation (long)
 test-thorough: install java
 	LAKEHOUSE_TEST_PROFILE=thorough $(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS) \
 		lakehouse_assets_tests/test_properties_commits.py lakehouse_assets_tests/test_properties_dataset.py \
-		lakehouse_assets_tests/test_properties_incremental.py lakehouse_assets_tests/test_crash.py
+		lakehouse_assets_tests/test_properties_incremental.py lakehouse_assets_tests/test_crash.py \
+		lakehouse_assets_tests/test_server_fuzz.py
 
 # ruff, then the import contract (the layers in setup.cfg's [importlinter])
 lint: install

@@ -12,7 +12,9 @@ The layers, top to bottom: a module imports only from the layers below its own
 this with import-linter (the contract in ``setup.cfg``, ``[importlinter]``):
 
 1. entry points: :mod:`.definitions` (Dagster's code location), over the CLI
-   (:mod:`.cli`) and the Dagster assets, jobs and checks (:mod:`.defs`);
+   (:mod:`.cli`) and the Dagster assets, jobs and checks (:mod:`.defs`), over
+   the HTTP server and its remote client (:mod:`.server`, which ``lakehouse
+   serve`` starts);
 2. the facade: :mod:`.lake` (:class:`Lakehouse`, :class:`Dataset`), which
    composes the operations and decides what a read sees (a flush first, or a
    published version);
@@ -27,9 +29,9 @@ this with import-linter (the contract in ``setup.cfg``, ``[importlinter]``):
    built from the parts below); :mod:`.catalog`, :mod:`.archive`, :mod:`.spark`;
    :mod:`.sources`, :mod:`.reduce`, :mod:`.journal_duckdb`, :mod:`.staging`;
    :mod:`.access`, :mod:`.tables` (the Delta tables), :mod:`.locks`,
-   :mod:`.tags`, :mod:`.jobs`, :mod:`.entities`;
-5. storage: :mod:`.journal`, :mod:`.storage`; :mod:`.queue_ledger`,
-   :mod:`.journal_sqlite`;
+   :mod:`.tags`, :mod:`.jobs`, :mod:`.entities`, :mod:`.queue_ledger` (the
+   queue's table in the journal's database, which it creates on first use);
+5. storage: :mod:`.journal`, :mod:`.storage`; :mod:`.journal_sqlite`;
 6. ground: :mod:`.conventions` (the lake's layout), :mod:`.settings`,
    :mod:`.bounded`, :mod:`.faults`, :mod:`.progress`, :mod:`.preload`; then
    :mod:`.journal_urls`; then :mod:`.errors`.

@@ -60,7 +60,6 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
-from lakehouse_assets import queue_ledger
 from lakehouse_assets.journal_sqlite import _sqlite_engines, _sqlite_pragmas
 from lakehouse_assets.journal_urls import checked_journal_url
 
@@ -347,10 +346,9 @@ class Journal:
         for attempt in range(5):
             try:
                 metadata.create_all(self.engine, checkfirst=True)
-                queue_ledger.metadata.create_all(self.engine, checkfirst=True)
                 self._migrate()
                 if self.dialect == "postgresql":
-                    self._check_durable()
+                    self.check_durable([journal_table.name])
                 return
             except OperationalError as exc:
                 if attempt == 4:
@@ -363,8 +361,9 @@ class Journal:
                     raise
                 time.sleep(0.1)
 
-    def _check_durable(self) -> None:
-        """Refuse a PostgreSQL journal whose tables would not outlive the session.
+    def check_durable(self, names: Sequence[str]) -> None:
+        """Refuse a PostgreSQL journal whose tables ``names`` would not outlive the
+        session (the journal's own here; the queue's ledger checks its table too).
 
         The URL's own ``options`` are judged by :mod:`.journal_urls`; a
         temporary schema can also come from ``PGOPTIONS`` or a role's or
@@ -375,7 +374,6 @@ class Journal:
         """
         from lakehouse_assets.errors import NonDurableJournalError
 
-        names = [journal_table.name, *queue_ledger.metadata.tables]
         with self.engine.connect() as conn:
             path = conn.exec_driver_sql("SHOW search_path").scalar()
             for name in names:

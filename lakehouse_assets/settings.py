@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
@@ -327,6 +327,74 @@ class Settings(BaseSettings):
     archive_documents: bool = Field(
         default=True,
         description="The archive sensor writes a Document entity for each newly archived file.",
+    )
+    # --- the HTTP server (see lakehouse_assets.server) ---
+    api_secret: SecretStr | None = Field(
+        default=None,
+        description="The HS256 key that signs and checks the server's bearer tokens (at least "
+        "32 characters; `lakehouse serve` refuses to start without it). Whoever holds it can "
+        "issue a token for any tenant, dataset and action. Not read from a lake's config.yml.",
+    )
+    api_token_max_hours: float = Field(
+        default=24 * 30,
+        gt=0,
+        le=24 * 366,
+        allow_inf_nan=False,
+        description="The longest lifetime `lakehouse tokens issue` gives a token, in hours.",
+    )
+    api_max_body_bytes: int = Field(
+        default=512 * 1024 * 1024,
+        gt=0,
+        le=2**40,
+        description="The largest NDJSON body (entities, statements) the server accepts: "
+        "a larger one is 413 and nothing is written.",
+    )
+    api_max_upload_bytes: int = Field(
+        default=4 * 1024**3,
+        gt=0,
+        le=2**44,
+        description="The largest archive upload the server accepts: a larger one is 413 and "
+        "nothing is stored.",
+    )
+    api_upload_timeout_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=24 * 3600,
+        allow_inf_nan=False,
+        description="How long the server waits for the next chunk of a request body before it "
+        "gives up (408) and removes what it staged.",
+    )
+    api_query_max_filter_keys: int = Field(
+        default=20,
+        ge=1,
+        le=10_000,
+        description="The most filter conditions a query body may hold (as the peer caps them).",
+    )
+    api_query_max_in_values: int = Field(
+        default=10_000,
+        ge=1,
+        le=10_000_000,
+        description="The longest `__in` / `__not_in` list of a query body (as the peer).",
+    )
+    api_state_dir: str | None = Field(
+        default=None,
+        description="Local folder of the server's staging uploads and its operation jobs' "
+        "state (shared by the workers of one host; not under the cache folder, which the archive "
+        "never reads from). Default: lakehouse-server-{uid} in the system's temporary folder.",
+    )
+    api_dagster_runs: bool = Field(
+        default=True,
+        description="When DAGSTER_HOME names a Dagster instance, the server runs make, compact "
+        "and optimize as Dagster runs of refresh_dataset, compact_job and optimize_job on it "
+        "(the UI shows them); flush and export stay the server's own operations.",
+    )
+    api_operation_wait_seconds: float = Field(
+        default=600.0,
+        ge=0,
+        le=24 * 3600,
+        allow_inf_nan=False,
+        description="How long the peer's `POST .../entities/flush` waits for the flush job it "
+        "submitted before it answers 202 with the job instead of the count.",
     )
     # --- source files (see lakehouse_assets.access) ---
     source_roots: Annotated[list[str], NoDecode] = Field(

@@ -22,6 +22,7 @@ from lakehouse_assets.cli import (  # noqa: F401  (importing them registers thei
     ingest,
     queue,
     reads,
+    server,
     spark,
     status,
     versions,
