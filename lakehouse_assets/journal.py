@@ -61,7 +61,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
 from lakehouse_assets.journal_sqlite import _sqlite_engines, _sqlite_pragmas
-from lakehouse_assets.journal_urls import checked_journal_url
+from lakehouse_assets.journal_urls import check_tables_durable, checked_journal_url
 
 if TYPE_CHECKING:
     # imported where a Statement is made: a flush task's worker reads the
@@ -363,43 +363,9 @@ class Journal:
 
     def check_durable(self, names: Sequence[str]) -> None:
         """Refuse a PostgreSQL journal whose tables ``names`` would not outlive the
-        session (the journal's own here; the queue's ledger checks its table too).
-
-        The URL's own ``options`` are judged by :mod:`.journal_urls`; a
-        temporary schema can also come from ``PGOPTIONS`` or a role's or
-        database's ``search_path``, and an unlogged table is emptied by a
-        crash of the server. So ask the server where the names the journal
-        uses resolve (``to_regclass`` follows the session's search path as
-        every journal query does) and how they persist.
-        """
-        from lakehouse_assets.errors import NonDurableJournalError
-
-        with self.engine.connect() as conn:
-            path = conn.exec_driver_sql("SHOW search_path").scalar()
-            for name in names:
-                row = conn.exec_driver_sql(
-                    "SELECT c.relpersistence, n.nspname FROM pg_class c "
-                    "JOIN pg_namespace n ON n.oid = c.relnamespace "
-                    "WHERE c.oid = to_regclass(%(name)s)",
-                    {"name": name},
-                ).first()
-                # just created: a name that does not resolve was made where this
-                # session cannot see it (another session's temporary schema)
-                persistence, schema = (str(row[0]), str(row[1])) if row else ("t", "?")
-                if persistence == "p":
-                    continue
-                what = "a temporary table" if persistence == "t" else "an unlogged table"
-                raise NonDurableJournalError(
-                    f"journal URL {self._shown()}: the journal table {name!r} is {what} "
-                    f"(schema {schema}, search_path {path!r}), which loses acknowledged "
-                    "writes; check the URL's options, PGOPTIONS and the role's and "
-                    "database's search_path"
-                )
-
-    def _shown(self) -> str:
-        from sqlalchemy.engine import make_url
-
-        return repr(make_url(self.url).render_as_string(hide_password=True))
+        session (the journal's own here; the queue's ledger checks its table too):
+        :func:`.journal_urls.check_tables_durable`."""
+        check_tables_durable(self.engine, names, self.url)
 
     def _migrate(self) -> None:
         """Bring a journal made by an earlier version up to this schema."""

@@ -44,7 +44,9 @@ from urllib.parse import parse_qsl, unquote
 from lakehouse_assets.errors import NonDurableJournalError
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import URL
+    from collections.abc import Sequence
+
+    from sqlalchemy.engine import URL, Engine
 
 #: Query parameters the pysqlite driver takes itself (SQLAlchemy's list in
 #: ``SQLiteDialect_pysqlite.create_connect_args``, without ``uri``): they set
@@ -213,3 +215,38 @@ def checked_journal_url(url: str) -> str:
             "name the file as sqlite:///PATH"
         )
     return url
+
+
+def check_tables_durable(engine: Engine, names: Sequence[str], url: str) -> None:
+    """Refuse PostgreSQL tables ``names`` that would not outlive the session.
+
+    The URL's own ``options`` are judged by :func:`checked_journal_url`; a
+    temporary schema can also come from ``PGOPTIONS`` or a role's or
+    database's ``search_path``, and an unlogged table is emptied by a crash
+    of the server. So ask the server where the names resolve (``to_regclass``
+    follows the session's search path as every journal query does) and how
+    they persist. A name just created that does not resolve was made where
+    this session cannot see it (another session's temporary schema).
+    """
+    from sqlalchemy.engine import make_url
+
+    with engine.connect() as conn:
+        path = conn.exec_driver_sql("SHOW search_path").scalar()
+        for name in names:
+            row = conn.exec_driver_sql(
+                "SELECT c.relpersistence, n.nspname FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE c.oid = to_regclass(%(name)s)",
+                {"name": name},
+            ).first()
+            persistence, schema = (str(row[0]), str(row[1])) if row else ("t", "?")
+            if persistence == "p":
+                continue
+            what = "a temporary table" if persistence == "t" else "an unlogged table"
+            shown = repr(make_url(url).render_as_string(hide_password=True))
+            raise NonDurableJournalError(
+                f"journal URL {shown}: the journal table {name!r} is {what} "
+                f"(schema {schema}, search_path {path!r}), which loses acknowledged "
+                "writes; check the URL's options, PGOPTIONS and the role's and "
+                "database's search_path"
+            )
