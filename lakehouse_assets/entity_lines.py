@@ -157,7 +157,7 @@ def _pick(names: list[tuple[str, str | None]]) -> str | None:
 def _entity(
     canonical_id: str, statements: list[dict[str, Any]], rules: _Rules
 ) -> tuple[dict[str, Any], str, str]:
-    """One entity's index row (:data:`.incremental.SPARK_INDEX_COLUMNS`), its CSV
+    """One entity's index row (:data:`.export_state.SPARK_INDEX_COLUMNS`), its CSV
     lines and its JSON line (both with their line ends)."""
     ordered = sorted(
         statements, key=lambda r: tuple((r[c] is not None, r[c] or "") for c in _SORT_IN_ENTITY)

@@ -51,7 +51,7 @@ import pyarrow as pa
 from followthemoney.dataset.resource import DataResource
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets import faults, incremental, progress, staging
+from lakehouse_assets import export_state, faults, incremental, progress, staging
 from lakehouse_assets.errors import LockedError
 from lakehouse_assets.flush import adopt_foreign, flush_for_reading
 from lakehouse_assets.freshness import (  # the export kinds and their rule live there
@@ -327,7 +327,7 @@ def _run_pass(
             # process holds one copy of them, not a second one sorted
             spark_index = (
                 entities.select(
-                    *[c for c in incremental.SPARK_INDEX_COLUMNS if c != "pick"],
+                    *[c for c in export_state.SPARK_INDEX_COLUMNS if c != "pick"],
                     F.col("_pick_names").isNotNull().cast("long").alias("pick"),
                 )
                 .sortWithinPartitions("canonical_id")
@@ -365,7 +365,7 @@ def _run_pass(
                 k: {x: out[k][x] for x in ("path", "size", "sha256")}
                 for k in (STATEMENTS, ENTITIES)
             }
-            incremental.full_state(ds, snapshot, spark_index, chunks.lengths(), files)
+            export_state.full_state(ds, snapshot, spark_index, chunks.lengths(), files)
             step("incremental state saved")
         return out
     finally:

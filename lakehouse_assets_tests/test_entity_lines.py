@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from lakehouse_assets import staging
 from lakehouse_assets.entity_lines import NoCommonSchema, entity_rows, json_string
-from lakehouse_assets.incremental import SPARK_INDEX_COLUMNS, _changed_rows_spark
+from lakehouse_assets.export_state import SPARK_INDEX_COLUMNS
+from lakehouse_assets.incremental import _changed_rows_spark
 from lakehouse_assets.lake import Lakehouse
 from lakehouse_assets.query import LIVE_SCHEMA
 from lakehouse_assets_tests.conftest import examples

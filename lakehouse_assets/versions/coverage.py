@@ -362,7 +362,7 @@ def check_export_state(ds: DatasetContext, head: Version, report: VerifyReport) 
     """``exports/_state`` (what the next incremental export subtracts from and
     splices into) as the head recorded it: a state no version covers would be
     trusted by no export, and one altered would launder wrong statistics."""
-    from lakehouse_assets.incremental import state_digests
+    from lakehouse_assets.export_state import state_digests
 
     caches = head.manifest.get("caches")
     path = cv.dataset_path(ds.name, cv.EXPORT_STATE, "state.json")

@@ -294,11 +294,11 @@ def build_manifest(
 
 def caches_entry(ds: DatasetContext) -> dict[str, Any]:
     """What the version covers of the caches the next operations trust: the
-    incremental export's state (:func:`~lakehouse_assets.incremental.state_digests`;
+    incremental export's state (:func:`~lakehouse_assets.export_state.state_digests`;
     the next incremental export uses it only if it matches, ``verify`` holds it
     to the head). The change feed is a table of the manifest's own, the graph
     index has its entry (:func:`_graph_entry`)."""
-    from lakehouse_assets.incremental import state_digests
+    from lakehouse_assets.export_state import state_digests
 
     state = state_digests(ds)
     return {} if state is None else {"export_state": state}

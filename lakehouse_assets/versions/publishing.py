@@ -64,7 +64,8 @@ from lakehouse_assets.versions.manifest import (
 
 if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
-    from lakehouse_assets.incremental import ChangedLines, Trusted
+    from lakehouse_assets.export_state import Trusted
+    from lakehouse_assets.incremental import ChangedLines
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +317,7 @@ def foreign_since_head(ds: DatasetContext) -> list[str]:
 def trusted_export_state(ds: DatasetContext) -> Trusted | None:
     """The head's record of the export state, for the next incremental export
     (:func:`~lakehouse_assets.incremental.attempt`); None without a version."""
-    from lakehouse_assets.incremental import Trusted
+    from lakehouse_assets.export_state import Trusted
 
     try:
         version = head(ds)
