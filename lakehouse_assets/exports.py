@@ -53,7 +53,7 @@ from followthemoney.dataset.resource import DataResource
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import export_state, faults, incremental, progress, staging
 from lakehouse_assets.errors import LockedError
-from lakehouse_assets.flush import adopt_foreign, flush_for_reading
+from lakehouse_assets.flush import flush_for_reading
 from lakehouse_assets.freshness import (  # the export kinds and their rule live there
     ENTITIES,
     EXPORTS,
@@ -70,6 +70,7 @@ from lakehouse_assets.tables.schemas import (
     STATEMENTS_PARTITION,
 )
 from lakehouse_assets.tables.snapshot import DatasetSnapshot, arrow_filesystem
+from lakehouse_assets.tables.writers import adopt_foreign
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -89,7 +89,7 @@ from lakehouse_assets.spark.session import (
     scratch_cleanup,
 )
 from lakehouse_assets.tables import feed
-from lakehouse_assets.tables.delta import PUBLISHED_APP_ID, commit, remove_action
+from lakehouse_assets.tables.delta import commit, remove_action
 from lakehouse_assets.tables.parquet_files import write_table
 from lakehouse_assets.tables.probe import Probe, file_threads, probe
 from lakehouse_assets.tables.schemas import (
@@ -107,7 +107,6 @@ from lakehouse_assets.tables.snapshot import (
     read_files,
 )
 from lakehouse_assets.tables.translog import merge_rows
-from lakehouse_assets.tables.writers import adopt_foreign_statements
 
 if TYPE_CHECKING:
     from deltalake.transaction import AddAction
@@ -1005,35 +1004,6 @@ def needs_flush(ds: DatasetContext) -> bool:
 def ensure_flush(ds: DatasetContext, *, wait: float | None = None) -> FlushResult | None:
     """Flush when the journal holds anything newer than the last flush."""
     return flush(ds, wait=wait) if needs_flush(ds) else None
-
-
-def adopt_foreign(ds: DatasetContext, *, wait: float) -> list[int]:
-    """Another writer's commits to the statements table, which no flush published,
-    published to readers before an export (:func:`.tables.writers.adopt_foreign_statements`):
-    what ``make`` exports and publishes is then what the tables hold. A look at
-    two table versions when there are none; the lock only when there are.
-    Skipped (empty) while another writer holds the lock."""
-    translog, statements = ds.translog_table.table(), ds.statements_table.table()
-    if translog is None or statements is None:
-        return []
-    published = translog.transaction_version(PUBLISHED_APP_ID)
-    if published is None or statements.version() <= published:
-        return []
-    try:
-        with ds.table_lock("flush", wait=wait) as lock:
-            adopted = adopt_foreign_statements(
-                ds.statements_table, ds.translog_table, lock.fence(), ds.name
-            )
-    except LockedError:
-        return []
-    if adopted:
-        log.warning(
-            "%s: statements table version(s) %s were written by another writer: published "
-            "to readers; the next version's diff says what they changed",
-            ds.name,
-            adopted,
-        )
-    return adopted
 
 
 @dataclass

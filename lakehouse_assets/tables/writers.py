@@ -17,8 +17,10 @@ or unreadable counts as foreign: nothing says who wrote it.
 from __future__ import annotations
 
 import json
-from typing import Any
+import logging
+from typing import TYPE_CHECKING, Any
 
+from lakehouse_assets.errors import LockedError
 from lakehouse_assets.tables.delta import (
     OWN_COMMIT_KEYS,
     PUBLISHED_APP_ID,
@@ -28,6 +30,11 @@ from lakehouse_assets.tables.delta import (
 )
 from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
 from lakehouse_assets.tables.snapshot import _commit_file
+
+if TYPE_CHECKING:
+    from lakehouse_assets.context import DatasetContext
+
+log = logging.getLogger(__name__)
 
 
 def commit_actions(location: DeltaLocation, version: int) -> list[dict[str, Any]] | None:
@@ -111,3 +118,32 @@ def adopt_foreign_statements(
             publishes=latest,
         )
     return foreign
+
+
+def adopt_foreign(ds: DatasetContext, *, wait: float) -> list[int]:
+    """Another writer's commits to the statements table, which no flush published,
+    published to readers before an export (:func:`.tables.writers.adopt_foreign_statements`):
+    what ``make`` exports and publishes is then what the tables hold. A look at
+    two table versions when there are none; the lock only when there are.
+    Skipped (empty) while another writer holds the lock."""
+    translog, statements = ds.translog_table.table(), ds.statements_table.table()
+    if translog is None or statements is None:
+        return []
+    published = translog.transaction_version(PUBLISHED_APP_ID)
+    if published is None or statements.version() <= published:
+        return []
+    try:
+        with ds.table_lock("flush", wait=wait) as lock:
+            adopted = adopt_foreign_statements(
+                ds.statements_table, ds.translog_table, lock.fence(), ds.name
+            )
+    except LockedError:
+        return []
+    if adopted:
+        log.warning(
+            "%s: statements table version(s) %s were written by another writer: published "
+            "to readers; the next version's diff says what they changed",
+            ds.name,
+            adopted,
+        )
+    return adopted
