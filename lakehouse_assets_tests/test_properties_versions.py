@@ -15,13 +15,15 @@ dataset, in any order:
 - **flush**, **make** (the publish), **compact**, **optimize** with a vacuum
   of retention 0, **graph rebuild** and **graph update** (what ``lakehouse
   graph rebuild`` / ``update`` call). A change or a foreign commit may be
-  followed by a flush or a make in the same step (rules are drawn about
-  evenly; this makes "change, then publish" likely in few examples).
+  followed by a flush, make, compact, optimize or graph update in the same
+  step (rules are drawn about evenly; this makes "change, then publish" or
+  "change, then maintenance" likely in few examples).
 
 After every step (:meth:`VersionsMachine.check`):
 
-1. **verify passes on every untampered lake**: ``ds.verify()`` reports no
-   problem. Foreign commits are the one exception, by design: verify reports
+1. **verify passes on every untampered lake**: ``ds.verify(deep=True)``
+   (``lakehouse verify --deep``: the head's logical hash and statistics
+   recomputed from the tables as well) reports no problem. Foreign commits are the one exception, by design: verify reports
    a Delta commit after the head that no lakehouse operation made ("a
    foreign writer changed the table") and the data files only such a commit
    added ("covered by no version"). While a foreign commit is not published
@@ -99,7 +101,7 @@ IDS = [str(e["id"]) for e in POOL]
 BY_ID = {str(e["id"]): e for e in POOL}
 ORIGIN = "crawl"
 #: what a change or a foreign commit is followed by in the same step
-THEN = st.sampled_from([None, "flush", "make"])
+THEN = st.sampled_from([None, "flush", "make", "compact", "optimize", "graph update"])
 
 
 def changed(entity: dict[str, Any], value: str) -> dict[str, Any]:
@@ -334,12 +336,17 @@ class VersionsMachine(RuleBasedStateMachine):
     # --- helpers ---------------------------------------------------------------
 
     def then(self, step: str | None) -> None:
-        """A flush or make right after a change (rules are drawn about evenly: this
-        makes a change followed by its publish likelier in few examples)."""
-        if step == "flush":
-            self.flush()
-        elif step == "make":
-            self.make()
+        """What follows a change or a foreign commit in the same step (rules are
+        drawn about evenly: this makes a change followed by its publish or by
+        maintenance likelier in the few examples of ``make test``)."""
+        if step is not None:
+            {
+                "flush": self.flush,
+                "make": self.make,
+                "compact": self.compact,
+                "optimize": self.optimize_and_vacuum,
+                "graph update": self.graph_update,
+            }[step]()
 
     def count(self, name: str) -> None:
         VersionsMachine.calls[name] += 1
@@ -445,7 +452,7 @@ class VersionsMachine(RuleBasedStateMachine):
         self.foreign = [f for f in self.foreign if covered is None or f.version > int(covered)]
 
     def check_verify(self, versions: list[Version]) -> None:
-        report = self.ds.verify()
+        report = self.ds.verify(deep=True)
         unexplained = [
             str(p) for p in report.problems if not any(f.named_by(p) for f in self.foreign)
         ]
@@ -546,7 +553,7 @@ class VersionsMachine(RuleBasedStateMachine):
 
 def test_every_published_version_is_true(spark: Any) -> None:
     VersionsMachine.calls.clear()
-    runs = examples(8, 100)
+    runs = examples(12, 100)
     run_state_machine_as_test(
         VersionsMachine,
         settings=settings(max_examples=runs, stateful_step_count=examples(8, 15), deadline=None),
