@@ -553,7 +553,7 @@ class VersionsMachine(RuleBasedStateMachine):
 
 def test_every_published_version_is_true(spark: Any) -> None:
     VersionsMachine.calls.clear()
-    runs = examples(12, 100)
+    runs = examples(10, 100)
     run_state_machine_as_test(
         VersionsMachine,
         settings=settings(max_examples=runs, stateful_step_count=examples(8, 15), deadline=None),
