@@ -72,8 +72,8 @@ test-cluster: install java
 test-thorough: install java
 	LAKEHOUSE_TEST_PROFILE=thorough $(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS) \
 		lakehouse_assets_tests/test_properties_commits.py lakehouse_assets_tests/test_properties_dataset.py \
-		lakehouse_assets_tests/test_properties_incremental.py lakehouse_assets_tests/test_crash.py \
-		lakehouse_assets_tests/test_server_fuzz.py
+		lakehouse_assets_tests/test_properties_incremental.py lakehouse_assets_tests/test_properties_versions.py \
+		lakehouse_assets_tests/test_crash.py lakehouse_assets_tests/test_server_fuzz.py
 
 # ruff, then the import contract (the layers in setup.cfg's [importlinter])
 lint: install
