@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -49,6 +48,8 @@ from lakehouse_assets.tables.snapshot import (
 from lakehouse_assets.tables.writers import foreign_commits
 
 if TYPE_CHECKING:
+    import duckdb
+
     from lakehouse_assets.context import DatasetContext
     from lakehouse_assets.tables.delta import CommitFence as Fence
 
@@ -299,8 +300,12 @@ def update(ds: DatasetContext) -> GraphResult:
             else:  # anything else (compact, optimize): compare the translogs
                 try:
                     new_rows, old_rows = changed_translog_rows(ds, old, new)
-                except (OSError, duckdb.Error):  # the old files were vacuumed
-                    return _rebuild(ds, fence)
+                except Exception as exc:
+                    import duckdb  # not at import: the CLI's quiet commands import no DuckDB
+
+                    if isinstance(exc, OSError | duckdb.Error):  # the old files were vacuumed
+                        return _rebuild(ds, fence)
+                    raise
                 after, before = _live_keys(new_rows), _live_keys(old_rows)
                 added = after.join(before, keys=["origin", "id"], join_type="left anti")
                 removed = before.join(after, keys=["origin", "id"], join_type="left anti")
