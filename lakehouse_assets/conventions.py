@@ -84,9 +84,21 @@ def _check(kind: str, value: object, pattern: re.Pattern[str], hint: str) -> str
     return value
 
 
+#: Names of the lake's own folders that a dataset name could spell: a dataset
+#: ``versions`` would be the catalog's snapshot folder (verify failed on every file).
+RESERVED_DATASET_NAMES: Final = frozenset({"versions"})
+
+
 def dataset_name(value: object) -> str:
-    """Validate a dataset name (FtM naming: ``[a-z0-9_]``, 1-128 chars)."""
-    return _check("dataset name", value, DATASET_NAME, "use lowercase letters, digits and '_'")
+    """Validate a dataset name (FtM naming: ``[a-z0-9_]``, 1-128 chars, not a
+    name of the lake's own folders)."""
+    name = _check("dataset name", value, DATASET_NAME, "use lowercase letters, digits and '_'")
+    if name in RESERVED_DATASET_NAMES:
+        raise InvalidNameError(
+            f"Invalid dataset name {name!r}: the lake keeps its catalog's versions there; "
+            "choose another name"
+        )
+    return name
 
 
 def tenant_name(value: object) -> str:

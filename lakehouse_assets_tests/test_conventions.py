@@ -32,7 +32,20 @@ def test_layout_paths_follow_the_specification() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["", "..", "../etc", "a/b", "/abs", "UPPER", "with space", "a\x00b", "x" * 129, "a-b"]
+    "name",
+    [
+        "",
+        "..",
+        "../etc",
+        "a/b",
+        "/abs",
+        "UPPER",
+        "with space",
+        "a\x00b",
+        "x" * 129,
+        "a-b",
+        "versions",
+    ],
 )
 def test_invalid_dataset_names_are_rejected(name: str) -> None:
     with pytest.raises(InvalidNameError, match="dataset name"):
