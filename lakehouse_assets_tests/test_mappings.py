@@ -155,7 +155,7 @@ def test_mapping_equals_ftm_map(
 
 def test_store_versions_and_list(local_lake: Lakehouse, tmp_path: Path) -> None:
     (_, csv_path, mapping), *_ = sources(tmp_path)
-    ds = local_lake.create_dataset("versions")
+    ds = local_lake.create_dataset("mapping_versions")
     meta = ds.add_file(str(csv_path))
     assert ds.add_mapping(meta.checksum, mapping.read_text()).changed
     assert not ds.add_mapping(meta.checksum, mapping.read_text()).changed  # same: no version
