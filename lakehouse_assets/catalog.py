@@ -248,7 +248,7 @@ def dataset_names(store: Store) -> list[str]:
     """Names of the datasets in a lake (folders with a config.yml)."""
     names = []
     for name in store.list_dirs(""):
-        if cv.DATASET_NAME.fullmatch(name) and store.exists(cv.dataset_path(name, cv.CONFIG)):
+        if cv.is_dataset_folder(name) and store.exists(cv.dataset_path(name, cv.CONFIG)):
             names.append(name)
     return names
 

@@ -101,6 +101,12 @@ def dataset_name(value: object) -> str:
     return name
 
 
+def is_dataset_folder(name: str) -> bool:
+    """Whether a top-level folder of the lake can be a dataset's (its name is a
+    dataset name, not one of the lake's own folders such as ``versions/``)."""
+    return bool(DATASET_NAME.fullmatch(name)) and name not in RESERVED_DATASET_NAMES
+
+
 def tenant_name(value: object) -> str:
     """Validate a tenant name (``[a-z0-9_-]``, starting with a letter/digit)."""
     return _check(

@@ -192,7 +192,7 @@ def new_datasets(
     partitions.
     """
     lake = lakehouse.lake()
-    folders = {n for n in lake.store.list_dirs("") if cv.DATASET_NAME.fullmatch(n)}
+    folders = {n for n in lake.store.list_dirs("") if cv.is_dataset_folder(n)}
     known = set(context.instance.get_dynamic_partitions(DATASETS))
     new = sorted(n for n in folders - known if lake.store.exists(cv.dataset_path(n, cv.CONFIG)))
     gone = sorted(known - folders)
