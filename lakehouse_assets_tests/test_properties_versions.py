@@ -95,6 +95,7 @@ from lakehouse_assets.tables.schemas import STATEMENTS_SCHEMA
 from lakehouse_assets.tables.snapshot import Snapshot, read_files
 from lakehouse_assets.versions import Version, changes_between
 from lakehouse_assets_tests.conftest import PROFILE, examples, sample_entities
+from lakehouse_assets_tests.helpers.data import normal
 
 POOL: list[dict[str, Any]] = sample_entities()
 IDS = [str(e["id"]) for e in POOL]
@@ -110,16 +111,6 @@ def changed(entity: dict[str, Any], value: str) -> dict[str, Any]:
     props = {k: list(v) for k, v in entity["properties"].items()}
     props.setdefault("description", []).append(value)
     return {**entity, "properties": props}
-
-
-def normal(entity: Mapping[str, Any]) -> dict[str, Any]:
-    """An entity dict without list order (as ``diffs._normal``)."""
-    out = dict(entity)
-    for key in ("referents", "datasets", "origin"):
-        if isinstance(out.get(key), list):
-            out[key] = sorted(out[key])
-    out["properties"] = {k: sorted(v) for k, v in (out.get("properties") or {}).items()}
-    return out
 
 
 def parse_entities(raw: bytes) -> dict[str, dict[str, Any]]:
