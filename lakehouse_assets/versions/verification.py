@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
 
 
-def TABLES(ds: DatasetContext) -> tuple[tuple[str, DeltaLocation], ...]:  # noqa: N802
+def _covered_tables(ds: DatasetContext) -> tuple[tuple[str, DeltaLocation], ...]:
     """The tables a manifest covers, by the name it gives them: the statements,
     the translog and the change feed (which incremental exports trust)."""
     return (
@@ -194,7 +194,7 @@ def verify(
             location,
             head_version.table_version(name) if head_version is not None else None,
         )
-        for name, location in TABLES(ds)
+        for name, location in _covered_tables(ds)
     }
     for version in versions:
         _check_files(ds, version, current, vacuumed, hasher, report)
@@ -410,7 +410,7 @@ def _check_files(
 
 def _check_head_tables(ds: DatasetContext, version: Version, report: VerifyReport) -> None:
     """The Delta log at the head's versions lists exactly the files the manifest names."""
-    for name, location in TABLES(ds):
+    for name, location in _covered_tables(ds):
         entry = version.manifest.get("tables", {}).get(name)
         if entry is None:
             continue
