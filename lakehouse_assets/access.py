@@ -7,16 +7,21 @@ queued file UPSERTs, the Python API's :meth:`Archive.put`) goes through a
 * a remote source (``s3://``, ``http(s)://``) is read as given, except an
   ``s3://`` key inside the lake's own prefix (another dataset's files);
 * a local path is resolved with **every** symlink component followed
-  (``os.path.realpath``) and must then lie under one of the allowed roots:
-  ``LAKEHOUSE_SOURCE_ROOTS`` (:attr:`Settings.source_roots`) and, for a
-  trusted caller (the CLI, the Python API, a Dagster crawl), the current
-  directory tree. The queue is not a trusted caller: its items come from
-  tenants, so it reads only under the configured roots (none by default:
-  a queued local path is refused);
-* never, whatever the roots: ``/proc``, ``/sys``, ``/dev`` (and any file on
+  (``os.path.realpath``). Whose path it is decides where it may lie: a path
+  the invoking user names on their own command line or Python call (the
+  CLI, the Python API, a Dagster crawl the operator configured) is theirs to
+  read wherever it is, as ``cat`` would; a path that arrives from someone
+  else is not. The queue's items come from tenants, so it reads only under
+  ``LAKEHOUSE_SOURCE_ROOTS`` (:attr:`Settings.source_roots`; none by
+  default: a queued local path is refused); the HTTP server never takes a
+  path at all (a tenant uploads bytes, read back only from the server's own
+  staging folder, :meth:`SourceAccess.for_staged`);
+* never, whoever names it: ``/proc``, ``/sys``, ``/dev`` (and any file on
   those file systems), the local lake's own folder, its journal (SQLite file
-  and its ``-wal``/``-shm``/``-journal``), ``lakehouse.env`` and the cache
-  folder, and anything that is not a regular file.
+  and its ``-wal``/``-shm``/``-journal``, hard links included),
+  ``lakehouse.env``, the cache folder (the Spark Connect token) and the
+  server's state folder (staged uploads, jobs), and anything that is not a
+  regular file.
 
 A network source follows the caller's network rule (:meth:`SourceAccess.check_url`,
 :meth:`SourceAccess.address_guard`):
@@ -52,6 +57,7 @@ and a path outside the roots is refused before its existence is looked at.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import ipaddress
 import os
@@ -214,9 +220,9 @@ class SourceAccess:
 
     #: who reads: ``queue`` (tenants' items) or ``caller`` (CLI, API)
     caller: Caller
-    #: folders local sources may lie under
-    roots: tuple[Path, ...]
-    #: trees never read (system trees, the local lake, the cache folder)
+    #: folders local sources may lie under; None: anywhere (the caller's own paths)
+    roots: tuple[Path, ...] | None
+    #: trees never read (system trees, the local lake, the cache and server state folders)
     never_trees: tuple[Path, ...]
     #: single files never read (the journal and its side files, lakehouse.env)
     never_files: tuple[Path, ...]
@@ -231,8 +237,9 @@ class SourceAccess:
     def for_caller(
         cls, settings: Settings, store: Store | None = None, *, dataset: str | None = None
     ) -> SourceAccess:
-        """A trusted caller's access: the current directory tree and the configured roots."""
-        return cls._build("caller", [Path.cwd(), *settings.source_roots], settings, store, dataset)
+        """The access of a caller naming its own paths (CLI, Python API, a Dagster
+        crawl): any local file but the never-read ones."""
+        return cls._build("caller", None, settings, store, dataset)
 
     @classmethod
     def for_queue(
@@ -242,15 +249,27 @@ class SourceAccess:
         return cls._build("queue", list(settings.source_roots), settings, store, dataset)
 
     @classmethod
+    def for_staged(
+        cls, settings: Settings, store: Store | None, folder: Path, *, dataset: str | None = None
+    ) -> SourceAccess:
+        """The HTTP server's access to the uploads it staged: only files in
+        ``folder`` (inside its state folder, which every other caller is refused)."""
+        access = cls._build("caller", [folder], settings, store, dataset)
+        state = _real(settings.api_state_path)
+        return dataclasses.replace(
+            access, never_trees=tuple(t for t in access.never_trees if t != state)
+        )
+
+    @classmethod
     def _build(
         cls,
         caller: Caller,
-        roots: Iterable[str | Path],
+        roots: Iterable[str | Path] | None,
         settings: Settings,
         store: Store | None,
         dataset: str | None,
     ) -> SourceAccess:
-        trees = [*SYSTEM_TREES, _real(settings.cache_path)]
+        trees = [*SYSTEM_TREES, _real(settings.cache_path), _real(settings.api_state_path)]
         lake_s3 = None
         if isinstance(store, LocalStore):
             trees.append(_real(store.root))
@@ -264,7 +283,11 @@ class SourceAccess:
             files += [journal.with_name(journal.name + s) for s in SQLITE_SUFFIXES]
         return cls(
             caller=caller,
-            roots=tuple(dict.fromkeys(_real(Path(r)) for r in roots if str(r).strip())),
+            roots=(
+                None
+                if roots is None
+                else tuple(dict.fromkeys(_real(Path(r)) for r in roots if str(r).strip()))
+            ),
             never_trees=tuple(dict.fromkeys(trees)),
             never_files=tuple(dict.fromkeys(_real(f) for f in files)),
             lake_s3=lake_s3,
@@ -278,17 +301,14 @@ class SourceAccess:
         return InvalidInputError(f"source {uri!r} {why}", dataset=self.dataset)
 
     def _where(self) -> str:
-        configured = [str(r) for r in self.roots]
+        configured = [str(r) for r in self.roots or ()]
         if self.caller == "queue":
             if not configured:
                 return (
                     "the queue reads local files only under LAKEHOUSE_SOURCE_ROOTS, and none is set"
                 )
             return f"the queue reads local files only under {', '.join(configured)}"
-        return (
-            "local sources must lie under the current directory or LAKEHOUSE_SOURCE_ROOTS "
-            f"({', '.join(configured)})"
-        )
+        return f"local sources must lie under {', '.join(configured)}"
 
     def check_remote(self, uri: str) -> None:
         """Refuse an ``s3://`` source inside the lake's own prefix."""
@@ -361,9 +381,9 @@ class SourceAccess:
             raise self.refuse(
                 uri,
                 "is never read as a source (/proc, /sys, /dev, the lake's own folder, "
-                "its journal, lakehouse.env and the cache folder are off limits)",
+                "its journal, lakehouse.env, the cache and server state folders are off limits)",
             )
-        if not _inside(real, self.roots):
+        if self.roots is not None and not _inside(real, self.roots):
             raise self.refuse(uri, f"resolves outside the allowed source folders: {self._where()}")
         return real
 

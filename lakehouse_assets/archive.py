@@ -97,9 +97,9 @@ class Archive:
             checksum: expected SHA-256; a mismatch raises and stores nothing.
             file_id: explicit metadata id (default: derived from ``key``).
             key: the path the tenant knows the file by (default: ``uri``).
-            access: which sources may be read (default: a trusted caller's,
-                :meth:`SourceAccess.for_caller`: local files under the current
-                directory and ``LAKEHOUSE_SOURCE_ROOTS``; see :mod:`access`).
+            access: which sources may be read (default: the caller's own,
+                :meth:`SourceAccess.for_caller`: any local file but the lake's
+                internals and system trees; see :mod:`access`).
         """
         if access is None:
             access = SourceAccess.for_caller(self.settings, self.store, dataset=self.dataset)

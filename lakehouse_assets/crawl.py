@@ -142,8 +142,8 @@ def crawl(
     A symlink whose target lies outside a local source folder is skipped (and
     listed in the job record) unless ``follow_symlinks``: a crawl archives
     the tree it was pointed at, not whatever a link in it reaches. Even
-    followed, a link is read only if its target lies under the allowed
-    source roots (:meth:`SourceAccess.for_caller`); the folder itself must.
+    followed, a link is never read into the lake's internals or the system
+    trees (:meth:`SourceAccess.for_caller`).
     """
     clock = time.monotonic()
     access = SourceAccess.for_caller(ds.settings, ds.store, dataset=ds.name)

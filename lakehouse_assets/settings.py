@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -399,12 +400,13 @@ class Settings(BaseSettings):
     # --- source files (see lakehouse_assets.access) ---
     source_roots: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
-        description="Folders local source files may be read from (LAKEHOUSE_SOURCE_ROOTS: a "
-        "JSON list or paths separated by ':'). A path is resolved with every symlink followed "
-        "before the check. Queued file UPSERTs read local files only under these (unset: a "
-        "queued local path is refused); `archive add`, `crawl` and the Python API also read "
-        "under the current directory. /proc, /sys, /dev, the lake's own folder, its journal, "
-        "lakehouse.env and the cache folder never. Not read from a lake's config.yml: a lake "
+        description="Folders queued file UPSERTs (tenants' paths) may read local files from "
+        "(LAKEHOUSE_SOURCE_ROOTS: a JSON list or paths separated by ':'; unset: a queued local "
+        "path is refused). A path is resolved with every symlink followed before the check. "
+        "A path the user names on their own command line or Python call (`archive add`, "
+        "`crawl`, `Dataset.add_file`) is theirs to read wherever it lies. Never, whoever names "
+        "it: /proc, /sys, /dev, the lake's own folder, its journal, lakehouse.env, the cache "
+        "folder and the server's state folder. Not read from a lake's config.yml: a lake "
         "cannot widen what its consumer reads.",
     )
 
@@ -511,6 +513,15 @@ class Settings(BaseSettings):
     @property
     def cache_path(self) -> Path:
         return Path(self.cache_dir).expanduser()
+
+    @property
+    def api_state_path(self) -> Path:
+        """The server's state folder (staging uploads, jobs): ``api_state_dir`` or
+        ``lakehouse-server-{uid}`` in the system's temporary folder. Never a source
+        of the archive, except the server's own staged uploads."""
+        if self.api_state_dir:
+            return Path(self.api_state_dir).expanduser()
+        return Path(tempfile.gettempdir()) / f"lakehouse-server-{os.getuid()}"
 
     @property
     def is_s3(self) -> bool:

@@ -114,7 +114,7 @@ def test_the_queue_reads_under_its_roots_with_every_symlink_resolved(
     assert MARKER.encode() not in lake_bytes(ds)
 
 
-# --- a trusted caller: the current directory and the configured roots --------------
+# --- a caller's own paths: anywhere, but never the lake's internals ---------------------
 
 
 @pytest.fixture
@@ -127,35 +127,47 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return work
 
 
-def test_the_api_reads_the_current_directory_tree_and_never_the_lakes_own_files(
+def test_the_api_reads_the_callers_own_paths_anywhere_and_never_the_lakes_own_files(
     workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Whose path is it: a path the user names in their own call is theirs to
+    read wherever it lies (``archive add /data/report.pdf`` from any folder);
+    the lake's internals and the system trees stay refused whoever names them."""
     monkeypatch.setenv("H2_SECRET", MARKER)
+    state = tmp_path / "server-state"
+    (state / "jobs").mkdir(parents=True)
+    (state / "jobs" / "job.json").write_text(MARKER)
+    monkeypatch.setenv("LAKEHOUSE_API_STATE_DIR", str(state))
     journal = workdir / "journal.sqlite"
     lake = Lakehouse(workdir / "lake", journal_url=f"sqlite:///{journal}")
     ds = lake.create_dataset("api")
     ds.add_entity({"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}})
     (workdir / "report.txt").write_text("fine")
     (workdir / "dir_link").symlink_to("/etc")
-    outside = tmp_path / "outside.txt"
-    outside.write_text(MARKER)
+    elsewhere = tmp_path / "data" / "report.pdf"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("the user's own file, outside the current directory")
     (workdir / "journal-copy.db").hardlink_to(journal)  # the journal by another name
+    (workdir / "journal-link.db").symlink_to(journal)  # and through a link
     (workdir / "lakehouse.env").write_text(f"LAKEHOUSE_S3_SECRET_ACCESS_KEY={MARKER}\n")
     os.mkfifo(workdir / "pipe")  # reading it would hang forever
 
     assert ds.add_file("report.txt").size == 4  # relative to the current directory
+    assert ds.add_file(str(elsewhere)).size == elsewhere.stat().st_size
+    assert ds.add_file(f"file://{elsewhere}").size == elsewhere.stat().st_size
+    assert ds.add_file("dir_link/hostname").size == Path("/etc/hostname").stat().st_size
     refused = {
         "/proc/self/environ": "never read as a source",
         "/dev/null": "never read as a source",
         "/sys/kernel/mm/transparent_hugepage/enabled": "never read as a source",
         str(journal): "never read as a source",
+        "journal-link.db": "never read as a source",
         str(workdir / "lake" / "config.yml"): "never read as a source",
         str(workdir / "lake" / "api" / "config.yml"): "never read as a source",
         "lakehouse.env": "never read as a source",
+        str(state / "jobs" / "job.json"): "never read as a source",
+        str(ds.settings.cache_path / "x"): "never read as a source",
         str(workdir / "journal-copy.db"): "a system or lakehouse file",
-        "/etc/passwd": "outside the allowed source folders",
-        "dir_link/hostname": "outside the allowed source folders",
-        str(outside): "outside the allowed source folders",
         "pipe": "is not a regular file",
         str(workdir): "is not a regular file",
     }
@@ -164,20 +176,15 @@ def test_the_api_reads_the_current_directory_tree_and_never_the_lakes_own_files(
             ds.add_file(uri)
     with pytest.raises(SourceNotFoundError):
         ds.add_file("missing.txt")
-    assert [m.name for m in ds.archive.list()] == ["report.txt"]
+    assert sorted(m.name for m in ds.archive.list()) == sorted(
+        ["report.txt", "report.pdf", "report.pdf", "hostname"]
+    )
     assert MARKER.encode() not in lake_bytes(ds)
 
-    # a configured root widens what the caller reads, not the never-list
-    wider = Lakehouse(
-        workdir / "lake", journal_url=f"sqlite:///{journal}", settings=_with_roots([tmp_path])
-    )
-    assert wider.dataset("api").add_file(str(outside)).size == len(MARKER)
-    with pytest.raises(InvalidInputError, match="never read as a source"):
-        wider.dataset("api").add_file(str(journal))
-
-
-def _with_roots(roots: list[Path]) -> Settings:
-    return Settings(source_roots=[str(r) for r in roots])
+    # the queue (tenants' paths) still reads only under the configured roots
+    ds.queue.push("UPSERT", "file", {"uri": str(elsewhere)})
+    result = ds.queue.consume()
+    assert result.applied == 0 and "outside the allowed source folders" in result.failed[0]["error"]
 
 
 def test_an_s3_source_inside_the_lake_itself_is_refused(lake: Lakehouse) -> None:
@@ -213,40 +220,45 @@ def test_a_symlink_appearing_inside_a_checked_path_is_not_followed(tmp_path: Pat
 # --- the CLI: archive add and crawl ------------------------------------------------
 
 
-def test_cli_archive_add_and_crawl_read_the_current_directory_only(
+def test_cli_archive_add_and_crawl_read_the_users_paths_but_never_the_lakes_internals(
     workdir: Path, tmp_path: Path
 ) -> None:
     from lakehouse_assets.cli import cli
 
     lake = workdir / "lake"
-    Lakehouse(lake).create_dataset("cli")
+    ds = Lakehouse(lake).create_dataset("cli")
+    ds.add_entity({"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}})
+    journal = Path(ds.settings.resolved_journal_url().removeprefix("sqlite:///"))
+    assert journal.is_file()
     (workdir / "docs").mkdir()
     (workdir / "docs" / "a.txt").write_text("a")
-    (workdir / "docs" / "etc").symlink_to("/etc")
-    (workdir / "etc_link").symlink_to("/etc")
-    secret = tmp_path / "secret.txt"
-    secret.write_text(MARKER)
-    (workdir / "docs" / "leak.txt").symlink_to(secret)
+    (workdir / "docs" / "leak.db").symlink_to(journal)
+    (workdir / "lake_link").symlink_to(lake)
+    (workdir / "lakehouse.env").write_text(f"LAKEHOUSE_S3_SECRET_ACCESS_KEY={MARKER}\n")
+    elsewhere = tmp_path / "data" / "report.pdf"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("mine")
     runner = CliRunner()
     base = ["--lake", str(lake), "-d", "cli"]
 
-    ok = runner.invoke(cli, [*base, "archive", "add", "docs/a.txt"])
-    assert ok.exit_code == 0, ok.output
-    for uri in ("/etc/passwd", "docs/etc/hostname", "/proc/self/environ", str(secret)):
+    for uri in ("docs/a.txt", str(elsewhere)):  # from the current directory and outside it
+        ok = runner.invoke(cli, [*base, "archive", "add", uri])
+        assert ok.exit_code == 0, ok.output
+    for uri in ("/proc/self/environ", "docs/leak.db", str(journal), "lakehouse.env"):
         res = runner.invoke(cli, [*base, "archive", "add", uri, "--follow-symlinks"])
         assert res.exit_code == 1, res.output
         assert "Traceback" not in res.output and len(res.stderr.strip().splitlines()) == 1
-        assert uri in res.stderr
-    # a crawl of a folder that is a link out of the allowed tree: refused as a whole
-    res = runner.invoke(cli, [*base, "crawl", "etc_link"])
-    assert res.exit_code == 1 and "outside the allowed source folders" in res.stderr
-    # followed links out of the tree are failed files, recorded, never archived
+        assert uri in res.stderr and "never read as a source" in res.stderr
+    # a crawl of a folder that is a link into the lake: refused as a whole
+    res = runner.invoke(cli, [*base, "crawl", "lake_link"])
+    assert res.exit_code == 1 and "never read as a source" in res.stderr
+    # a followed link to the journal is a failed file, recorded, never archived
     res = runner.invoke(cli, [*base, "crawl", "docs", "--follow-symlinks"])
     assert res.exit_code == 0, res.output
     stats = json.loads(res.stdout)
-    assert stats["failed"] == 1 and "leak.txt" in json.dumps(stats["errors"])
+    assert stats["failed"] == 1 and "leak.db" in json.dumps(stats["errors"])
     ds = Lakehouse(lake).dataset("cli")
-    assert sorted(m.name for m in ds.archive.list()) == ["a.txt", "a.txt"]
+    assert sorted(m.name for m in ds.archive.list()) == ["a.txt", "a.txt", "report.pdf"]
     assert MARKER.encode() not in lake_bytes(ds)
 
 

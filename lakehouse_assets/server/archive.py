@@ -11,7 +11,6 @@ source policy whose only root is that staging folder.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,9 +63,7 @@ def _archive(
     document: bool,
 ) -> FileMeta:
     folder = Path(os.path.realpath(staging_dir(ds.settings)))
-    access = dataclasses.replace(
-        SourceAccess.for_caller(ds.settings, ds.store, dataset=ds.name), roots=(folder,)
-    )
+    access = SourceAccess.for_staged(ds.settings, ds.store, folder, dataset=ds.name)
     return ds.add_file(
         str(staged),
         checksum=checksum,

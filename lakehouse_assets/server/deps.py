@@ -60,9 +60,9 @@ DatasetDep = Annotated[Dataset, Depends(get_dataset)]
 
 def staging_dir(settings: Settings) -> Path:
     """The server's local folder for request bodies being received (not under the
-    cache folder: the archive never reads a source there)."""
-    default = Path(tempfile.gettempdir()) / f"lakehouse-server-{os.getuid()}"
-    base = Path(settings.api_state_dir or default).expanduser()
+    cache folder: the archive never reads a source there; no caller but the
+    server's own upload may name a file in it)."""
+    base = settings.api_state_path
     base.mkdir(parents=True, exist_ok=True, mode=0o700)  # owner only, as what it holds
     folder = base / "staging"
     folder.mkdir(exist_ok=True, mode=0o700)
