@@ -6,6 +6,7 @@ import hashlib
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     lake = Lakehouse(base / "lake", journal_url=f"sqlite:///{base / 'journal.sqlite'}")
     lake.create_dataset("gamma")
     lake.create_dataset("delta")
+    lake.create_dataset("epsilon")  # the CLI's
     (base / "state").mkdir()
     with running_server(lake, base / "state") as srv:
         yield srv
@@ -113,3 +115,86 @@ def test_errors_are_the_lakehouse_errors(server: Server, remote: RemoteLakehouse
         expired.dataset("gamma")
     with pytest.raises(ValueError, match="http"):
         RemoteLakehouse("ftp://example.org")
+
+
+# --- the CLI over HTTP: `lakehouse --lake http://… ` with LAKEHOUSE_TOKEN ----------------
+
+
+def test_the_cli_speaks_to_a_server_by_its_url(server: Server, tmp_path: Path) -> None:
+    """A tenant's commands over HTTP print what the local ones print; the lake's own
+    commands say they need the lake's storage; no token, a read token: one line."""
+    import json
+
+    from click.testing import CliRunner
+
+    from lakehouse_assets.cli import cli
+
+    runner = CliRunner()
+    env = {"LAKEHOUSE_TOKEN": server.token(datasets=("epsilon",)), "LAKEHOUSE_LAKE_URI": None}
+
+    def run(*args: str, token: str | None = None, input: str | None = None) -> Any:
+        environ = {**env, "LAKEHOUSE_TOKEN": token} if token is not None else env
+        return runner.invoke(
+            cli, ["--lake", server.url, "-d", "epsilon", *args], env=environ, input=input
+        )
+
+    entities = tmp_path / "entities.ftm.json"
+    entities.write_text(
+        '{"id": "cli-ann", "schema": "Person", "properties": {"name": ["Ann Cli"]}}\n'
+        '{"id": "cli-co", "schema": "Company", "properties": {"name": ["Cli Co"]}}\n'
+    )
+    res = run("entities", "write", "-i", str(entities), "--origin", "cli")
+    assert res.exit_code == 0, res.output
+    assert "wrote 2 entities" in res.stderr and "by tenant tester" in res.stderr
+    res = run("get", "cli-ann", "--flush")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["properties"]["name"] == ["Ann Cli"]
+    res = run("query", "-s", "Company", "--no-flush")
+    assert [json.loads(line)["id"] for line in res.stdout.splitlines()] == ["cli-co"]
+    res = run("get", "nobody")
+    assert res.exit_code == 1 and "no entity 'nobody'" in res.stderr
+
+    statements = tmp_path / "statements.csv"
+    statements.write_text(
+        "entity_id,schema,prop,value\ncli-ann,Person,country,fr\n"  # followthemoney's columns
+    )
+    res = run("statements", "write", "-i", str(statements))
+    assert res.exit_code == 0, res.output
+    assert "wrote 1 statements" in res.stderr
+
+    doc = tmp_path / "report.txt"
+    doc.write_bytes(b"a report over HTTP\n")
+    digest = hashlib.sha256(doc.read_bytes()).hexdigest()
+    res = run("archive", "add", str(doc))
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["checksum"] == digest
+    res = run("archive", "get", digest[:12])
+    assert res.exit_code == 0 and json.loads(res.stdout)["name"] == "report.txt"
+    res = run("archive", "cat", digest[:12])
+    assert res.stdout_bytes == doc.read_bytes()
+    assert any(
+        json.loads(line)["checksum"] == digest for line in run("archive", "ls").stdout.splitlines()
+    )
+    res = run("archive", "add", "https://example.org/a.pdf")
+    assert res.exit_code == 2 and "queue push" in res.stderr
+
+    res = run("queue", "push", "UPSERT", "entity", '{"id": "q1", "schema": "Person"}')
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["tenant"] == "tester"
+
+    res = run("entities", "delete", "cli-co")
+    assert res.exit_code == 0 and "cli-co: 2 statements tombstoned" in res.stderr
+    res = run("flush", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["new"] == 1  # the country; `get --flush` moved the rest
+    res = run("status")
+    assert json.loads(res.stdout)["journal_pending"] == 0
+
+    res = run("verify")
+    assert res.exit_code == 2 and "works on the lake's storage itself" in res.stderr
+    res = run("get", "cli-ann", token="")
+    assert res.exit_code == 2 and "LAKEHOUSE_TOKEN" in res.stderr
+    reader = server.token(datasets=("epsilon",), actions=("read",))
+    res = run("entities", "write", "-i", str(entities), token=reader)
+    assert res.exit_code == 1 and "403" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.output

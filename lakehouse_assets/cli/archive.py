@@ -47,9 +47,16 @@ def archive_add(
       lakehouse -d my_dataset archive add report.pdf --document
       lakehouse -d my_dataset archive add s3://bucket/leak/ https://example.org/a.csv
     """
-    ds = obj.dataset()
     if (checksum or file_id) and len(uris) > 1:
         raise click.UsageError("--checksum and --file-id apply to a single file")
+    if obj.remote:
+        from lakehouse_assets.cli import remote
+
+        remote.archive_add(
+            obj.remote_dataset(), uris, checksum=checksum, file_id=file_id, document=document
+        )
+        return
+    ds = obj.dataset()
     for uri in uris:
         meta = ds.add_file(
             uri,
@@ -71,6 +78,11 @@ def archive_get(obj: Context, checksum: str) -> None:
     Example:
       lakehouse -d my_dataset archive get 3f2a9c01b7d4
     """
+    if obj.remote:
+        from lakehouse_assets.cli import remote
+
+        click.echo(remote.resolve(obj.remote_dataset(), checksum).model_dump_json(indent=2))
+        return
     archive = obj.dataset().archive
     click.echo(archive.get(archive.resolve(checksum)).model_dump_json(indent=2))
 
@@ -85,6 +97,11 @@ def archive_cat(obj: Context, checksum: str) -> None:
     Example:
       lakehouse -d my_dataset archive cat 5f1c0a2b9e3d > report.pdf   (a unique prefix will do)
     """
+    if obj.remote:
+        from lakehouse_assets.cli import remote
+
+        remote.archive_cat(obj.remote_dataset(), checksum)
+        return
     archive = obj.dataset().archive
     with archive.open(archive.resolve(checksum)) as fh:
         shutil.copyfileobj(fh, sys.stdout.buffer, 1024 * 1024)
@@ -99,7 +116,8 @@ def archive_ls(obj: Context) -> None:
     Example:
       lakehouse -d my_dataset archive ls
     """
-    for meta in obj.dataset().archive.list():
+    files = obj.remote_dataset().list_files() if obj.remote else obj.dataset().archive.list()
+    for meta in files:
         click.echo(meta.model_dump_json())
 
 
@@ -114,6 +132,11 @@ def archive_delete(obj: Context, file_id: str, checksum: str | None) -> None:
     Example:
       lakehouse -d my_dataset archive delete report.pdf
     """
+    if obj.remote:
+        from lakehouse_assets.cli import remote
+
+        remote.archive_delete(obj.remote_dataset(), file_id, checksum)
+        return
     archive = obj.dataset().archive
     meta = archive.delete(file_id, checksum=archive.resolve(checksum) if checksum else None)
     click.echo(f"deleted {meta.file_id} ({meta.key})", err=True)

@@ -30,6 +30,11 @@ def flush_cmd(obj: Context, batch_rows: int | None, as_json: bool) -> None:
     Example:
       lakehouse -d my_dataset flush
     """
+    if obj.remote:
+        from lakehouse_assets.cli import remote
+
+        remote.operation(obj.remote_dataset(), "flush", as_json)
+        return
     _report(obj.dataset().flush(batch_rows=batch_rows), as_json)
 
 
@@ -43,6 +48,11 @@ def compact_cmd(obj: Context, as_json: bool) -> None:
     Example:
       lakehouse -d my_dataset compact
     """
+    if obj.remote:
+        from lakehouse_assets.cli import remote
+
+        remote.operation(obj.remote_dataset(), "compact", as_json)
+        return
     _report(obj.dataset().compact(), as_json)
 
 
@@ -63,6 +73,11 @@ def optimize_cmd(obj: Context, vacuum: bool, retention_hours: int | None, as_jso
     Example:
       lakehouse -d my_dataset optimize --vacuum --retention-hours 168
     """
+    if obj.remote:
+        from lakehouse_assets.cli import remote
+
+        remote.operation(obj.remote_dataset(), "optimize", as_json, vacuum=vacuum)
+        return
     _report(obj.dataset().optimize(vacuum=vacuum, retention_hours=retention_hours), as_json)
 
 
@@ -103,9 +118,21 @@ def export_cmd(
     if as_of is not None:
         if len(kinds) != 1 or kinds[0] not in ("statements", "entities", "statistics"):
             raise click.UsageError("--as-of writes one export: statements, entities or statistics")
+        if obj.remote:
+            names = {"statements": "statements.csv", "entities": "entities.ftm.json"}
+            for chunk in obj.remote_dataset().export_file(
+                names.get(kinds[0], "statistics.json"), as_of
+            ):
+                output.write(chunk)
+            return
         obj.dataset().export_as_of(as_of, kinds[0], output)
         return
     chosen = list(EXPORT_KINDS) if not kinds or "all" in kinds else list(kinds)
+    if obj.remote:
+        from lakehouse_assets.cli import remote
+
+        remote.operation(obj.remote_dataset(), "export", as_json, kinds=chosen, force=force)
+        return
     _report(obj.dataset().export(chosen, force=force), as_json)
 
 
@@ -123,6 +150,11 @@ def make_cmd(obj: Context, force: bool, as_json: bool) -> None:
     Example:
       lakehouse -d my_dataset make
     """
+    if obj.remote:
+        from lakehouse_assets.cli import remote
+
+        remote.operation(obj.remote_dataset(), "make", as_json, force=force)
+        return
     started = process_seconds()
     before = _spark_sessions()
     result = obj.dataset().make(force=force)

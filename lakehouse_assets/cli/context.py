@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     # the facade pulls in pyarrow, SQLAlchemy and delta-rs (0.5 s and more):
     # imported when a command opens the lake, not for --version or --help
     from lakehouse_assets.lake import Dataset, Lakehouse
+    from lakehouse_assets.server.client import RemoteDataset, RemoteLakehouse
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -41,10 +42,40 @@ class Context:
         self._journal_url = journal_url
         self._tenant = tenant
         self._lake: Lakehouse | None = None
+        self._remote: RemoteLakehouse | None = None
+
+    @property
+    def remote(self) -> str | None:
+        """The server's URL when the lake is an ``http(s)://`` one (a tenant's
+        commands then go over HTTP, :mod:`.remote`), else None."""
+        uri = self.settings.lake_uri if "lake_uri" in self.settings.model_fields_set else ""
+        return uri.rstrip("/") if uri.startswith(("http://", "https://")) else None
+
+    def remote_dataset(self) -> RemoteDataset:
+        """The -d dataset of the server the lake URL names, with ``LAKEHOUSE_TOKEN``."""
+        import os
+
+        from lakehouse_assets.server.client import RemoteLakehouse
+
+        if not self.dataset_name:
+            raise click.UsageError("this command needs --dataset/-d NAME")
+        token = os.environ.get("LAKEHOUSE_TOKEN", "").strip()
+        if not token:
+            raise click.UsageError(
+                f"a lake over HTTP ({self.remote}) needs a token: set LAKEHOUSE_TOKEN to one "
+                "the server's operator issued (`lakehouse tokens issue --tenant T --dataset D`)"
+            )
+        if self._remote is None:
+            self._remote = RemoteLakehouse(str(self.remote), token=token)
+        return self._remote.dataset(self.dataset_name)
 
     def open_lake(self, *, create: bool = False) -> Lakehouse:
         """The lake the command line names; a missing local lake is an error unless
         ``create`` (``datasets create``): a read never creates one."""
+        if self.remote is not None:
+            from lakehouse_assets.cli.remote import not_remote
+
+            raise not_remote(click.get_current_context().command_path, self.remote)
         if self._lake is None:
             if "lake_uri" not in self.settings.model_fields_set:
                 raise click.UsageError(

@@ -138,3 +138,26 @@ def _graph_line(graph: dict[str, Any]) -> str:
         f"(+{graph.get('added', 0):,}, -{graph.get('tombstoned', 0):,}) "
         f"in {graph.get('seconds', 0.0):.1f} s"
     )
+
+
+def print_versions(dataset: str, history: list[dict[str, Any]], as_json: bool) -> None:
+    """``lakehouse versions``: the versions' summaries as JSON lines or a table
+    (of a local lake or of a server's: the same summaries)."""
+    if as_json:
+        for info in history:
+            _echo_json(info)
+        return
+    if not history:
+        click.echo(f"dataset {dataset} has no published version yet (run make)", err=True)
+        return
+    click.echo(
+        f"{'#':>4}  {'published':<20} {'statements':>10} {'entities':>9}  changes{'':<14} hash"
+    )
+    for info in history:
+        changes = info.get("changes") or {}
+        change = " ".join(f"{k.lower()} {v}" for k, v in changes.items()) or "-"
+        click.echo(
+            f"{info['sequence']:>4}  {str(info['created_at'])[:19]:<20} "
+            f"{info.get('live_statements', 0):>10} {info.get('entities') or 0:>9}  "
+            f"{change:<21} {str(info['hash'])[:21]}…"
+        )

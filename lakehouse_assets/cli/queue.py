@@ -40,7 +40,9 @@ def queue_push(obj: Context, action: str, resource: str, payload: str) -> None:
         '{"id": "p1", "schema": "Person", "properties": {"name": ["Ann"]}}'
       echo '{"uri": "s3://bucket/a.pdf"}' | lakehouse -d my_dataset queue push UPSERT file -
     """
-    ds = obj.dataset()
+    name = obj.dataset_name or ""
+    if not obj.remote:
+        name = obj.dataset().name
     source = "<stdin>" if payload == "-" else None
     text = payload
     if payload == "-":
@@ -49,7 +51,7 @@ def queue_push(obj: Context, action: str, resource: str, payload: str) -> None:
         except UnicodeDecodeError as exc:
             raise InvalidInputError(
                 f"payload is not UTF-8 ({exc.reason} at byte {exc.start})",
-                dataset=ds.name,
+                dataset=name,
                 source=source,
             ) from None
     try:
@@ -57,10 +59,15 @@ def queue_push(obj: Context, action: str, resource: str, payload: str) -> None:
     except json.JSONDecodeError as exc:
         raise InvalidInputError(
             f"payload is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
-            dataset=ds.name,
+            dataset=name,
             source=source,
         ) from None
-    item = ds.queue.push(action, resource, data)
+    if obj.remote:
+        from lakehouse_assets.cli import remote
+
+        remote.queue_push(obj.remote_dataset(), action, resource, data)
+        return
+    item = obj.dataset().queue.push(action, resource, data)
     click.echo(item.model_dump_json())
     click.echo(
         f"queued {item.action} {item.resource} {item.summary()} as {item.tenant}/{item.id}",

@@ -30,7 +30,7 @@ def get_cmd(
       lakehouse -d my_dataset get acme-holding
       lakehouse -d my_dataset get acme-holding --as-of 1
     """
-    ds = obj.dataset()
+    ds = obj.remote_dataset() if obj.remote else obj.dataset()
     entity = ds.get_entity(entity_id, origin=origin, flush=flush, as_of=as_of)
     if entity is None:
         raise click.ClickException(f"no entity {entity_id!r} in dataset {ds.name!r}")
@@ -84,7 +84,8 @@ def query_cmd(
                     f"expected PROPERTY=VALUE, got {item!r}", param_hint="--prop"
                 )
             q = q.where(P(**{key: value}))
-    for entity in obj.dataset().query(
+    ds = obj.remote_dataset() if obj.remote else obj.dataset()
+    for entity in ds.query(
         q,
         entity_ids=list(entity_ids) or None,
         origin=origin,
@@ -105,5 +106,6 @@ def stream_cmd(obj: Context, as_of: str | None) -> None:
     Example:
       lakehouse -d my_dataset stream | jq -r .caption
     """
-    for data in obj.dataset().stream_entities(as_of=as_of):
+    ds = obj.remote_dataset() if obj.remote else obj.dataset()
+    for data in ds.stream_entities(as_of=as_of):
         _echo_json(data)

@@ -115,6 +115,11 @@ def status_cmd(obj: Context, as_json: bool) -> None:
       lakehouse -d my_dataset status
       lakehouse status --json | jq '.datasets[] | select(.stale != [])'
     """
+    if obj.remote:
+        from lakehouse_assets.cli import remote
+
+        remote.status(obj.remote_dataset())
+        return
     from lakehouse_assets.freshness import freshness
     from lakehouse_assets.jobs import list_runs
 

@@ -7,7 +7,7 @@ import sys
 import click
 
 from lakehouse_assets.cli.context import Context, pass_ctx
-from lakehouse_assets.cli.output import _echo_document, _echo_json
+from lakehouse_assets.cli.output import _echo_document, _echo_json, print_versions
 from lakehouse_assets.cli.root import cli
 
 
@@ -22,27 +22,12 @@ def versions_cmd(obj: Context, as_json: bool) -> None:
     Example:
       lakehouse -d my_dataset versions
     """
+    if obj.remote:
+        ds_remote = obj.remote_dataset()
+        print_versions(ds_remote.name, ds_remote.versions(), as_json)
+        return
     ds = obj.dataset()
-    history = ds.versions()
-    if as_json:
-        for version in history:
-            _echo_json(version.summary())
-        return
-    if not history:
-        click.echo(f"dataset {ds.name} has no published version yet (run make)", err=True)
-        return
-    click.echo(
-        f"{'#':>4}  {'published':<20} {'statements':>10} {'entities':>9}  changes{'':<14} hash"
-    )
-    for version in history:
-        info = version.summary()
-        changes = info["changes"] or {}
-        change = " ".join(f"{k.lower()} {v}" for k, v in changes.items()) or "-"
-        click.echo(
-            f"{info['sequence']:>4}  {info['created_at'][:19]:<20} "
-            f"{info.get('live_statements', 0):>10} {info.get('entities') or 0:>9}  "
-            f"{change:<21} {info['hash'][:21]}…"
-        )
+    print_versions(ds.name, [version.summary() for version in ds.versions()], as_json)
 
 
 @cli.command("diff")

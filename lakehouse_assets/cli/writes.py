@@ -27,6 +27,12 @@ def entities_write(obj: Context, path: str, origin: str) -> None:
       lakehouse -d my_dataset entities write -i entities.ftm.json --origin crawl
       cat entities.ftm.json | lakehouse -d my_dataset entities write -i -
     """
+    if obj.remote:
+        from lakehouse_assets.cli import remote
+
+        with _input(path) as (fh, _source):
+            remote.entities_write(obj.remote_dataset(), fh)
+        return
     ds = obj.dataset()
     with (
         _input(path) as (fh, source),
@@ -53,6 +59,12 @@ def entities_delete(obj: Context, entity_ids: tuple[str, ...], origin: str | Non
     Example:
       lakehouse -d my_dataset entities delete own-omar-acme --origin crawl
     """
+    if obj.remote:
+        remote_ds = obj.remote_dataset()
+        for entity_id in entity_ids:
+            n = remote_ds.delete_entity(entity_id, origin=origin)
+            click.echo(f"{entity_id}: {n} statements tombstoned", err=True)
+        return
     ds = obj.dataset()
     for entity_id, n in ds.delete_entities(entity_ids, origin=origin).items():
         click.echo(f"{entity_id}: {n} statements tombstoned", err=True)
@@ -75,6 +87,14 @@ def statements_write(obj: Context, path: str, origin: str) -> None:
     """
     from lakehouse_assets.entities import read_statements_csv
 
+    if obj.remote:
+        from lakehouse_assets.cli import remote
+
+        remote_ds = obj.remote_dataset()
+        with _input(path) as (fh, source):
+            rows = read_statements_csv(fh, dataset=remote_ds.name, origin=origin, source=source)
+            remote.statements_write(remote_ds, rows, origin)
+        return
     ds = obj.dataset()
     with (
         _input(path) as (fh, source),

@@ -121,6 +121,9 @@ class WriteResult:
 
     entities: int = 0
     count: int = 0
+    #: the write's id in the journal, and the tenant the server recorded (the token's)
+    write_id: str | None = None
+    tenant: str | None = None
 
 
 class RemoteLakehouse:
@@ -230,7 +233,12 @@ class RemoteDataset:
             self.http.post(f"{self.base}/entities", params={"origin": origin}, content=body)
         )
         data = res.json()
-        return WriteResult(entities=data["entities"], count=data["statements"])
+        return WriteResult(
+            entities=data["entities"],
+            count=data["statements"],
+            write_id=data.get("write_id"),
+            tenant=data.get("tenant"),
+        )
 
     def add_entity(
         self, entity: EntityProxy | dict[str, Any], origin: str = cv.DEFAULT_ORIGIN
@@ -240,13 +248,22 @@ class RemoteDataset:
     def add_statements(
         self, statements: Iterable[Statement | dict[str, Any]], origin: str = cv.DEFAULT_ORIGIN
     ) -> int:
+        return self.write_statements(statements, origin=origin).count
+
+    def write_statements(
+        self, statements: Iterable[Statement | dict[str, Any]], origin: str = cv.DEFAULT_ORIGIN
+    ) -> WriteResult:
+        """Bulk-write statements (followthemoney's statement dicts); all or nothing."""
         rows = (s if isinstance(s, dict) else s.to_dict() for s in statements)
         res = self._check(
             self.http.post(
                 f"{self.base}/statements", params={"origin": origin}, content=_ndjson(rows)
             )
         )
-        return int(res.json()["statements"])
+        data = res.json()
+        return WriteResult(
+            count=int(data["statements"]), write_id=data.get("write_id"), tenant=data.get("tenant")
+        )
 
     def bulk(self, origin: str = cv.DEFAULT_ORIGIN) -> RemoteBulk:
         return RemoteBulk(self, origin)
@@ -291,6 +308,22 @@ class RemoteDataset:
     def get_file(self, checksum: str) -> FileMeta:
         res = self._check(self.http.get(f"{self.base}/archive/{cv.checksum(checksum)}"))
         return FileMeta.model_validate_json(res.content)
+
+    def list_files(self) -> Iterator[FileMeta]:
+        """Every metadata entry of the archive, streamed."""
+        for data in self._lines("GET", f"{self.base}/archive"):
+            yield FileMeta.model_validate(data)
+
+    def delete_file(self, file_id: str, checksum: str) -> None:
+        """Remove one metadata entry (the blob stays, as the spec says)."""
+        path = f"{self.base}/archive/{cv.checksum(checksum)}/{_segment_id(file_id)}"
+        self._check(self.http.delete(path))
+
+    def push(self, action: str, resource: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """Queue an action as the token's tenant; the queued item."""
+        body = {"action": action, "resource": resource, "payload": payload}
+        item: dict[str, Any] = self._check(self.http.post(f"{self.base}/queue", json=body)).json()
+        return item
 
     def open_file(self, checksum: str) -> Iterator[bytes]:
         """A file's content, streamed."""
@@ -362,6 +395,15 @@ class RemoteDataset:
         params = {"as_of": str(as_of)} if as_of is not None else {}
         return self._lines("GET", f"{self.base}/entities", params=params)
 
+    def export_file(self, name: str, as_of: str | int | None = None) -> Iterator[bytes]:
+        """An export file's bytes (``statements.csv``, ``entities.ftm.json``,
+        ``statistics.json``, ``index.json``), or a published version's, streamed."""
+        params = {"as_of": str(as_of)} if as_of is not None else {}
+        path = f"{self.base}/exports/{name}"
+        with self.http.stream("GET", path, params=params) as res:
+            self._check(res)
+            yield from res.iter_bytes(CHUNK)
+
     def versions(self) -> list[dict[str, Any]]:
         data: list[dict[str, Any]] = self._check(self.http.get(f"{self.base}/versions")).json()
         return data
@@ -408,6 +450,13 @@ def _segment(value: str) -> str:
     from urllib.parse import quote
 
     return quote(cv.entity_id(value), safe="")
+
+
+def _segment_id(value: str) -> str:
+    """A file id as one URL path segment."""
+    from urllib.parse import quote
+
+    return quote(cv.file_id(value), safe="")
 
 
 def _ftm_dataset(name: str) -> Any:

@@ -36,19 +36,25 @@ NDJSON_BODY: dict[str, Any] = {
 }
 
 
-def _write_entities(ds: Dataset, path: Path, origin: str) -> dict[str, int]:
+def _write_entities(ds: Dataset, path: Path, origin: str) -> dict[str, int | str]:
     with path.open("rb") as fh:
         bulk = ds.write_entities(fh, origin=origin, source=SOURCE)
-    return {"entities": bulk.entities, "statements": bulk.count}
+    return {
+        "entities": bulk.entities,
+        "statements": bulk.count,
+        "write_id": bulk.write.write_id,
+        "tenant": bulk.write.tenant,
+    }
 
 
 @router.post("/{dataset}/_api/entities", openapi_extra=NDJSON_BODY)
 async def write_entities(
     ds: DatasetDep, request: Request, origin: Origin = cv.DEFAULT_ORIGIN
-) -> dict[str, int]:
+) -> dict[str, int | str]:
     """Write FtM entities, one JSON object a line, all or nothing.
 
-    Answers the number of entities and statements written; a bad line is 422
+    Answers the number of entities and statements written, the write's id and
+    its tenant (the token's: the journal records it); a bad line is 422
     with the line's number, and nothing of the body is written."""
     cv.origin(origin)
     path = await receive_body(request, ds.settings.api_max_body_bytes, "body")
@@ -78,17 +84,17 @@ def _statement_lines(path: Path, ds: Dataset, origin: str) -> Iterator[Any]:
             yield make_statement(row, dataset=ds.name, origin=origin, source=SOURCE, line=number)
 
 
-def _write_statements(ds: Dataset, path: Path, origin: str) -> dict[str, int]:
+def _write_statements(ds: Dataset, path: Path, origin: str) -> dict[str, int | str]:
     with ds.bulk(origin) as bulk:
         for stmt in _statement_lines(path, ds, origin):
             bulk.add_statement(stmt)
-    return {"statements": bulk.count}
+    return {"statements": bulk.count, "write_id": bulk.write.write_id, "tenant": bulk.write.tenant}
 
 
 @router.post("/{dataset}/_api/statements", openapi_extra=NDJSON_BODY)
 async def write_statements(
     ds: DatasetDep, request: Request, origin: Origin = cv.DEFAULT_ORIGIN
-) -> dict[str, int]:
+) -> dict[str, int | str]:
     """Write statements in followthemoney's statement form (its dict: ``entity_id``,
     ``schema``, ``prop``, ``value``, ...), one a line, all or nothing."""
     cv.origin(origin)
