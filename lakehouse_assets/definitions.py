@@ -60,6 +60,23 @@ refresh_dataset = dg.define_asset_job(
     "selected datasets, in one run (fresh exports are kept).",
 )
 
+#: the server's flush and export operations as runs of their own (the UI shows them)
+flush_job = dg.define_asset_job(
+    "flush_job",
+    selection=dg.AssetSelection.assets("statements", "translog"),
+    description="Flush the journal into the statements and translog tables of the selected "
+    "datasets (the server's flush operation).",
+)
+
+export_job = dg.define_asset_job(
+    "export_job",
+    selection=dg.AssetSelection.assets(
+        "statements_csv", "entities_ftm_json", "statistics", "index"
+    ),
+    description="Write the exports and the index of the selected datasets (fresh exports are "
+    "kept; the server's export operation, a subset of them by asset selection).",
+)
+
 
 @dg.schedule(
     job=refresh_dataset,
@@ -93,6 +110,8 @@ defs = dg.Definitions(
     asset_checks=[*CHECKS, *FRESHNESS_CHECKS],
     jobs=[
         refresh_dataset,
+        flush_job,
+        export_job,
         archive_documents,
         *INGEST_JOBS,
         *JOBS,

@@ -385,9 +385,17 @@ class Settings(BaseSettings):
     )
     api_dagster_runs: bool = Field(
         default=True,
-        description="When DAGSTER_HOME names a Dagster instance, the server runs make, compact "
-        "and optimize as Dagster runs of refresh_dataset, compact_job and optimize_job on it "
-        "(the UI shows them); flush and export stay the server's own operations.",
+        description="When a Dagster instance is configured (LAKEHOUSE_API_DAGSTER_URL, or "
+        "DAGSTER_HOME), the server's operations are Dagster runs of flush_job, refresh_dataset "
+        "(make), export_job, compact_job and optimize_job (the UI shows them). False: the "
+        "server's own worker runs them.",
+    )
+    api_dagster_url: str | None = Field(
+        default=None,
+        description="The Dagster webserver (http://host:port[/prefix]) whose instance queues "
+        "the server's operations: submitted as runs through its GraphQL API, started by the "
+        "daemon as the UI's runs are (its run queue, one run per dataset). Unset, with "
+        "DAGSTER_HOME: the runs execute in the server's process.",
     )
     api_operation_wait_seconds: float = Field(
         default=600.0,

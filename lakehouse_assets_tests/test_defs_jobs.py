@@ -83,8 +83,12 @@ def test_definitions_name_the_card_s_resources_jobs_and_policies() -> None:
     assert graph.get(dg.AssetKey("optimize")).automation_condition is None
     fresh = {k.asset_key.to_user_string() for k in graph.asset_check_keys if k.name == CHECK}
     assert fresh == COMPUTED - {"statements", "translog"}
-    for name in ("optimize_job", "compact_job", "refresh_dataset"):
+    for name in ("optimize_job", "compact_job", "refresh_dataset", "flush_job", "export_job"):
         assert defs.resolve_job_def(name).executor_def.name == "in_process"
+    assert {
+        k.to_user_string()
+        for k in defs.resolve_job_def("flush_job").asset_layer.selected_asset_keys
+    } == {"statements", "translog"}
     resources = defs.resources or {}
     assert isinstance(resources["spark"], PySparkResource)
     lake = resources["lakehouse"]

@@ -56,6 +56,14 @@ query {
 }
 """
 
+RUN_EVENTS = """
+query ($runId: ID!) {
+  logsForRun(runId: $runId) {
+    ... on EventConnection { events { __typename } }
+  }
+}
+"""
+
 
 @dataclass
 class Server:
@@ -319,6 +327,57 @@ def test_partition_page_shows_the_metadata(server: Server, browser: WebDriver) -
     text = browser.text()
     assert "journal_rows_flushed" in text and "rows_by_origin" in text
     keep_screenshot(browser, "asset-partition.png", settle=3)
+
+
+def test_server_operations_are_queued_runs_the_daemon_starts(server: Server) -> None:
+    """``lakehouse serve`` with LAKEHOUSE_API_DAGSTER_URL: a make submitted over HTTP is
+    a run queued in the webserver's instance, started by the daemon (a run worker of
+    the code location, as a run launched from the UI), and the job reports it."""
+    from lakehouse_assets_tests.helpers.server import running_server
+
+    name = "api_queued"
+    ds = server.lake.create_dataset(name)
+    ds.add_entity({"id": "q-ann", "schema": "Person", "properties": {"name": ["Ann Queued"]}})
+    state = server.home.parent / "api-state"
+    state.mkdir()
+    with (
+        running_server(
+            server.lake,
+            state,
+            DAGSTER_HOME=str(server.home),
+            LAKEHOUSE_API_DAGSTER_URL=server.url,
+            LAKEHOUSE_CACHE_DIR=str(server.cache),
+        ) as api,
+        api.client(api.token(datasets=(name,), actions=("read", "operate"))) as client,
+    ):
+        res = client.post(f"/{name}/_api/operations", json={"name": "make"})
+        assert res.status_code == 202, res.text
+        job = res.json()
+        assert job["dagster_mode"] == "queued" and job["dagster_job"] == "refresh_dataset"
+        run_id = job["dagster_run_id"]
+
+        def done() -> bool:
+            answer = client.get(res.headers["location"]).json()
+            return answer["state"] not in ("queued", "running")
+
+        wait_for("the queued make run", done, server, 300)
+        answer = client.get(res.headers["location"]).json()
+        assert answer["state"] == "succeeded", (answer, api.log.read_text()[-3000:])
+        assert answer["dagster_status"] == "SUCCESS"
+        assert answer["result"]["materializations"]["entities_ftm_json"]
+        entity = client.get(f"/{name}/_api/entities/q-ann").json()
+        assert entity["properties"]["name"] == ["Ann Queued"]
+    runs = {run["runId"]: run for run in server.runs()}
+    run = runs[run_id]
+    assert run["jobName"] == "refresh_dataset" and run["status"] == "SUCCESS"
+    tags = {tag["key"]: tag["value"] for tag in run["tags"]}
+    assert tags["lakehouse/trigger"] == "api" and tags["dagster/partition"] == name
+    assert tags["lakehouse/tenant"] == "tester"
+    # queued, then started by the daemon: not executed in the server's process
+    events = server.graphql(RUN_EVENTS, runId=run_id)["logsForRun"]["events"]
+    kinds = {event["__typename"] for event in events}
+    assert {"RunEnqueuedEvent", "RunStartingEvent"} <= kinds, sorted(kinds)
+    assert server.lake.dataset(name).version() is not None  # the run published a version
 
 
 def _up_driver(port: int) -> bool:

@@ -26,7 +26,8 @@ def test_optimize_runs_as_a_dagster_run_in_the_instance(tmp_path: Path) -> None:
                 for i in range(3)
             ]
             c.post("/runs/_api/entities", content=b"".join(orjson.dumps(r) + b"\n" for r in rows))
-            assert c.post("/runs/_api/entities/flush").text == "6"  # not a Dagster job
+            # the peer's flush: a run of flush_job, its count from the run's materialization
+            assert c.post("/runs/_api/entities/flush").text == "6"
             res = c.post("/runs/_api/operations", json={"name": "optimize"})
             assert res.status_code == 202, res.text
             job = res.json()

@@ -1,10 +1,12 @@
 """Operations (flush, make, export, compact, optimize) on the server's background worker.
 
-When ``DAGSTER_HOME`` names a Dagster instance (and ``LAKEHOUSE_API_DAGSTER_RUNS``
-is not off), make, compact and optimize run as Dagster runs of the existing
-jobs (``refresh_dataset``, ``compact_job``, ``optimize_job``) for the dataset's
-partition: the job carries the run's id from the start, the state route adds
-the run's status, and the Dagster UI shows the run.
+When a Dagster instance is configured (``LAKEHOUSE_API_DAGSTER_URL``, the
+webserver whose daemon starts queued runs, or ``DAGSTER_HOME``, runs in this
+process) and ``LAKEHOUSE_API_DAGSTER_RUNS`` is not off, every operation is a
+Dagster run of its job (``flush_job``, ``refresh_dataset``, ``export_job``,
+``compact_job``, ``optimize_job``) for the dataset's partition
+(:mod:`.dagster_runs`): the job carries the run's id from the start, the state
+route adds the run's status, and the Dagster UI shows the run.
 
 A request never runs an operation: it submits a job and gets its id (202,
 ``Location`` the job's route); the worker runs the jobs, one at a time per
@@ -41,10 +43,14 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import SourceNotFoundError
 from lakehouse_assets.lake import Dataset
 from lakehouse_assets.server.dagster_runs import (
+    DagsterRunError,
     close_dagster,
     dagster_job,
+    dagster_mode,
     dagster_status,
     run_in_dagster,
+    submit_queued,
+    wait_queued,
 )
 from lakehouse_assets.server.deps import DatasetDep, staging_dir
 from lakehouse_assets.settings import Settings
@@ -86,9 +92,11 @@ class Job:
     finished_at: str | None = None
     result: dict[str, Any] | None = None
     error: str | None = None
-    #: the Dagster run that carries it out (when an instance is configured), and its job
+    #: the Dagster run that carries it out (when an instance is configured), its job,
+    #: and how: ``queued`` (the webserver's queue, the daemon) or ``in_process``
     dagster_run_id: str | None = None
     dagster_job: str | None = None
+    dagster_mode: str | None = None
 
 
 class Worker:
@@ -156,7 +164,14 @@ class Worker:
         job = Job(uuid.uuid4().hex, ds.name, ds.tenant, operation, params)
         job.dagster_job = dagster_job(ds.settings, operation)
         if job.dagster_job is not None:
-            job.dagster_run_id = str(uuid.uuid4())
+            job.dagster_mode = dagster_mode(ds.settings)
+            if job.dagster_mode == "queued":
+                try:  # a quick request to the webserver: the run is queued, not run, here
+                    job.dagster_run_id = submit_queued(ds, job.dagster_job, operation, params)
+                except DagsterRunError as exc:
+                    raise HTTPException(503, detail=str(exc)) from None
+            else:
+                job.dagster_run_id = str(uuid.uuid4())
         self.save(job)
         future = self._pool.submit(self._run, job, ds)
         with self._guard:
@@ -178,10 +193,14 @@ class Worker:
             job.started_at = cv.utcnow().isoformat()
             self.save(job)
             try:
-                if job.dagster_job is not None and job.dagster_run_id is not None:
-                    job.result = run_in_dagster(ds, job.dagster_job, job.dagster_run_id)
-                else:
+                if job.dagster_job is None or job.dagster_run_id is None:
                     job.result = run_operation(ds, job.operation, job.params)
+                elif job.dagster_mode == "queued":
+                    job.result = wait_queued(ds, job.dagster_job, job.dagster_run_id)
+                else:
+                    job.result = run_in_dagster(
+                        ds, job.dagster_job, job.dagster_run_id, job.operation, job.params
+                    )
                 job.state = "succeeded"
             except BaseException as exc:  # recorded, and raised to whoever waits
                 log.exception("operation %s of %s failed", job.operation, job.dataset)
@@ -264,8 +283,8 @@ def job_state(ds: DatasetDep, request: Request, job_id: str) -> dict[str, Any]:
     if job is None or job.dataset != ds.name:
         raise SourceNotFoundError(f"no job {job_id} of dataset {ds.name!r} on this server")
     data = asdict(job)
-    if job.dagster_run_id is not None and os.environ.get("DAGSTER_HOME"):
-        data["dagster_status"] = dagster_status(job.dagster_run_id)
+    if job.dagster_run_id is not None:
+        data["dagster_status"] = dagster_status(ds.settings, job.dagster_run_id)
     return data
 
 
@@ -290,7 +309,16 @@ async def flush(ds: DatasetDep, request: Request) -> Response:
     done = await _submit_and_wait(request, ds, "flush")
     if isinstance(done, Response):
         return done
-    return PlainTextResponse(str((done.result or {}).get("new", 0)))
+    return PlainTextResponse(str(new_statements(done.result or {})))
+
+
+def new_statements(result: dict[str, Any]) -> int:
+    """The flush's new statements: the worker's result, or the statements asset's
+    metadata of the Dagster run that flushed."""
+    if "new" in result:
+        return int(result["new"])
+    meta = (result.get("materializations") or {}).get("statements") or {}
+    return int(meta.get("new_statements") or 0)
 
 
 @router.post("/{dataset}/_api/entities/merge")
