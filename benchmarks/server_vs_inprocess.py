@@ -8,7 +8,8 @@ lake with a SQLite journal, for each side in turn:
 - get: ``--gets`` point reads of random entities after a flush (p50, p99);
 - query: every entity streamed (``Dataset.query`` / ``POST /_api/entities/query``);
 - export: ``entities.ftm.json`` read whole (the store / ``GET /_api/exports/...``),
-  MB a second.
+  MB a second; and streamed as entities (``Dataset.stream_entities`` /
+  ``RemoteDataset.stream_entities``: what a tenant consumes), entities a second.
 
 Prints a table with both sides, the ratio and the machine's load average.
 
@@ -33,6 +34,7 @@ from benchmarks.server_load import SECRET, free_port, start_server
 from lakehouse_assets import Lakehouse
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.server.auth import issue_token
+from lakehouse_assets.server.client import RemoteLakehouse
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -139,6 +141,18 @@ def main() -> None:
                     got += len(chunk)
             t_http = time.perf_counter() - started
             rows.append(("export read, MB/s", size / t_local / 1e6, got / t_http / 1e6, ""))
+
+            # what a tenant consumes: the export's entities as dicts, on both sides
+            client = RemoteLakehouse(f"http://127.0.0.1:{port}", token=token)
+            started = time.perf_counter()
+            n_local = sum(1 for _ in local.stream_entities())
+            t_local = time.perf_counter() - started
+            started = time.perf_counter()
+            n_http = sum(1 for _ in client.dataset("http_side").stream_entities())
+            t_http = time.perf_counter() - started
+            client.close()
+            assert n_local == n_http == args.entities, (n_local, n_http)
+            rows.append(("export stream, entities/s", n_local / t_local, n_http / t_http, ""))
         finally:
             http.close()
             proc.terminate()
