@@ -20,9 +20,9 @@ from starlette.concurrency import run_in_threadpool
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import SourceNotFoundError
+from lakehouse_assets.http_files import content_sha256, file_response
 from lakehouse_assets.lake import Dataset
 from lakehouse_assets.server.deps import DatasetDep, staging_dir
-from lakehouse_assets.server.files import content_sha256, file_response
 from lakehouse_assets.storage import LocalStore
 
 router = APIRouter(tags=["exports"])
