@@ -33,7 +33,8 @@ from typing import Annotated, Any, Final
 from deltalake import DeltaTable
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import DatasetNotFoundError, InvalidNameError
@@ -95,7 +96,27 @@ def recipient(request: Request) -> Recipient:
 
 
 Who = Annotated[Recipient, Depends(recipient)]
-router = APIRouter(prefix=PREFIX, tags=["delta-sharing"])
+
+
+class SharingErrorBody(BaseModel):
+    """The protocol's error answer."""
+
+    errorCode: str  # noqa: N815 - the protocol's names
+    message: str
+
+
+#: the protocol's error answers, documented on every route (they replace the tenant
+#: API's ``{"detail", "error"}`` for these codes in the OpenAPI schema)
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": SharingErrorBody, "description": text}
+    for code, text in (
+        (400, "INVALID_PARAMETER_VALUE: a bad parameter, or changes not served"),
+        (401, "UNAUTHENTICATED: no token, or an expired, forged or revoked one"),
+        (403, "PERMISSION_DENIED: not shared with this token; a bad file URL"),
+        (404, "RESOURCE_DOES_NOT_EXIST: no such share, schema or table"),
+    )
+}
+router = APIRouter(prefix=PREFIX, tags=["delta-sharing"], responses=ERRORS)
 
 
 # --- names and paging --------------------------------------------------------------
@@ -136,7 +157,9 @@ def _page(items: list[dict[str, Any]], max_results: int | None, token: str | Non
         try:
             start = int(base64.urlsafe_b64decode(token.encode()).decode())
         except (ValueError, binascii.Error):
-            raise SharingError(400, "INVALID_PARAMETER_VALUE", "bad pageToken") from None
+            start = -1
+        if start < 0:
+            raise SharingError(400, "INVALID_PARAMETER_VALUE", "bad pageToken")
     size = PAGE if max_results is None else max_results
     page = items[start : start + size]
     body: dict[str, Any] = {"items": page}
@@ -319,19 +342,37 @@ def _limited(files: list[tables.TableFile], limit: int | None) -> list[tables.Ta
     return out
 
 
-@router.post("/shares/{share}/schemas/{schema}/tables/{table}/query")
-def query_table(
-    who: Who,
-    request: Request,
-    share: str,
-    schema: str,
-    table: str,
-    body: QueryBody | None = None,
+def _query_body(raw: bytes) -> QueryBody:
+    """The body, parsed here so a bad one gets the protocol's 400, not FastAPI's."""
+    if not raw.strip():
+        return QueryBody()
+    try:
+        return QueryBody.model_validate_json(raw)
+    except ValidationError as exc:
+        problem = exc.errors()[0]["msg"] if exc.errors() else "not JSON"
+        raise SharingError(400, "INVALID_PARAMETER_VALUE", f"bad query body: {problem}") from None
+
+
+QUERY_BODY: Final = {
+    "requestBody": {
+        "required": False,
+        "content": {"application/json": {"schema": QueryBody.model_json_schema()}},
+    }
+}
+
+
+@router.post("/shares/{share}/schemas/{schema}/tables/{table}/query", openapi_extra=QUERY_BODY)
+async def query_table(who: Who, request: Request, share: str, schema: str, table: str) -> Response:
+    """The table's files at the head, a ``version`` or a ``timestamp`` (body: ``QueryBody``)."""
+    body = _query_body(await request.body())
+    return await run_in_threadpool(_query, who, request, share, schema, table, body)
+
+
+def _query(
+    who: Recipient, request: Request, share: str, schema: str, table: str, body: QueryBody
 ) -> Response:
-    """The table's files at the head, a ``version`` or a ``timestamp``."""
     sharing = _sharing(request)
     ds = _dataset(sharing, who, share, schema)
-    body = body or QueryBody()
     name = table.lower()
     if body.startingVersion is not None:
         raise SharingError(

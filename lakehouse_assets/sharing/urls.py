@@ -82,7 +82,8 @@ def sign(key: bytes, grant: FileGrant) -> str:
 def verify(key: bytes, payload: str, signature: str, revoked: Revocations) -> FileGrant:
     """The grant of a signed URL; 403 when it is tampered with, expired or revoked."""
     expected = _b64(hmac.new(key, payload.encode(), hashlib.sha256).digest())
-    if not hmac.compare_digest(expected, signature):
+    # as bytes: compare_digest refuses str with non-ASCII characters (a 500, not a 403)
+    if not hmac.compare_digest(expected.encode(), signature.encode("utf-8", "replace")):
         raise SharingError(403, "PERMISSION_DENIED", "the file URL's signature does not match")
     try:
         fields: Any = json.loads(_unb64(payload))
