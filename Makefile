@@ -13,10 +13,14 @@ UI_PORT ?= 3000
 YENTE_VENV ?= .venv-yente
 YENTE_VERSION ?= 5.5.0
 YENTE_STAMP := $(YENTE_VENV)/.installed
+# the Delta Sharing connector (a recipient's client) in its own venv: delta-sharing 1.4
+# caps pyarrow at 23 (we pin 26); the sharing tests drive it there (skip without it)
+SHARING_VENV ?= .venv-sharing
+SHARING_STAMP := $(SHARING_VENV)/.installed
 # the persistent Dagster instance (runs, sensors' cursors, partitions)
 export DAGSTER_HOME := $(CURDIR)/dagster_home
 
-.PHONY: install demo ui test test-cluster test-thorough lint typecheck bench clean java yente
+.PHONY: install demo ui test test-cluster test-thorough lint typecheck bench clean java yente sharing-client
 
 $(STAMP): pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11+"; exit 1; }
@@ -37,6 +41,15 @@ $(YENTE_STAMP):
 yente:
 	@$(MAKE) --no-print-directory $(YENTE_STAMP) || echo "warning: yente could not be installed in $(YENTE_VENV): its delta-feed test will skip"
 
+$(SHARING_STAMP): requirements-sharing.lock
+	$(PYTHON) -m venv $(SHARING_VENV)
+	$(SHARING_VENV)/bin/python -m pip install --quiet -r requirements-sharing.lock
+	touch $(SHARING_STAMP)
+
+# not fatal: without the connector the Delta Sharing tests skip with the reason
+sharing-client:
+	@$(MAKE) --no-print-directory $(SHARING_STAMP) || echo "warning: delta-sharing could not be installed in $(SHARING_VENV): its tests will skip"
+
 # Java 17 present, then the JVM's class archive of Spark (once per install: about
 # a minute; every later Spark start about 3 s faster; optional, so not fatal)
 java: install
@@ -55,7 +68,7 @@ ui: install java
 # the two), then on a local standalone cluster (a master and 2 workers per
 # test worker, the executors without this package; local lakes on SQLite
 # journals, S3 lakes on PostgreSQL ones) with the cluster tests
-test: install java yente
+test: install java yente sharing-client
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH dg check defs
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 	LAKEHOUSE_TEST_SPARK=inprocess $(PY) -m pytest -n 2 --dist loadfile -m spark_modes $(PYTEST_ARGS)

@@ -405,6 +405,34 @@ class Settings(BaseSettings):
         description="How long the peer's `POST .../entities/flush` waits for the flush job it "
         "submitted before it answers 202 with the job instead of the count.",
     )
+    # --- Delta Sharing and published files (see lakehouse_assets.sharing) ---
+    sharing_url_seconds: int = Field(
+        default=900,
+        ge=10,
+        le=7 * 24 * 3600,
+        description="How long a file URL the Delta Sharing server hands out stays valid, in "
+        "seconds (a presigned S3 URL, or the server's signed download route on a local lake): "
+        "long enough for a recipient to read a table, short enough that a leaked URL dies soon.",
+    )
+    public_datasets: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Datasets (names or globs such as `opensanctions_*`) whose published files "
+        "(index.json, entities.ftm.json, the exports and the delta feed) the server serves "
+        "without a token (LAKEHOUSE_PUBLIC_DATASETS: a JSON list or names separated by ','). "
+        "Their tables still need a token. Unset: every file needs a token.",
+    )
+
+    @field_validator("public_datasets", mode="before")
+    @classmethod
+    def _split_public(cls, value: object) -> object:
+        """``LAKEHOUSE_PUBLIC_DATASETS`` as a JSON list or as ``a,b``."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
     # --- source files (see lakehouse_assets.access) ---
     source_roots: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

@@ -23,6 +23,7 @@ from lakehouse_assets.cli import (  # noqa: F401  (importing them registers thei
     queue,
     reads,
     server,
+    sharing,
     spark,
     status,
     versions,

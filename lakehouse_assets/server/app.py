@@ -37,9 +37,19 @@ from lakehouse_assets.errors import (
     LakehouseError,
     SourceNotFoundError,
 )
-from lakehouse_assets.server import archive, auth, exports, operations, queue, reads, writes
+from lakehouse_assets.server import (
+    archive,
+    auth,
+    exports,
+    operations,
+    published,
+    queue,
+    reads,
+    writes,
+)
 from lakehouse_assets.server.deps import Lakes
 from lakehouse_assets.settings import Settings
+from lakehouse_assets.sharing import mount as mount_sharing
 
 log = logging.getLogger("lakehouse_assets.server")
 access_log = logging.getLogger("lakehouse_assets.server.access")
@@ -207,7 +217,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ok", "version": VERSION}
 
     app.include_router(auth.router)
-    for module in (writes, reads, archive, exports, operations, queue):
+    mount_sharing(app, settings, secret)  # the Delta Sharing protocol, /delta-sharing
+    for module in (writes, reads, archive, exports, published, operations, queue):
         app.include_router(module.router)
     app.add_middleware(RequestIdMiddleware)
     app.add_exception_handler(Exception, _lakehouse_error)

@@ -24,9 +24,9 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.access import SourceAccess
 from lakehouse_assets.archive import FileMeta
 from lakehouse_assets.errors import InvalidInputError
+from lakehouse_assets.http_files import file_response
 from lakehouse_assets.lake import Dataset
 from lakehouse_assets.server.deps import NDJSON, DatasetDep, receive_body, staging_dir
-from lakehouse_assets.server.files import file_response
 
 router = APIRouter(tags=["archive"])
 

@@ -4,7 +4,8 @@ At the peer's paths (its blob store serves the lake's keys as they are:
 ``/{dataset}/entities.ftm.json``, ``/{dataset}/index.json``,
 ``/{dataset}/exports/statements.csv``, ``/{dataset}/exports/statistics.json``)
 and under ``/{dataset}/_api/exports/{name}``. Only these names: no other key
-of the lake is reachable this way.
+of the lake is reachable this way. At the peer's paths a dataset of
+``LAKEHOUSE_PUBLIC_DATASETS`` is read without a token (:mod:`.published`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from starlette.concurrency import run_in_threadpool
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import SourceNotFoundError
+from lakehouse_assets.http_files import content_sha256, file_response
 from lakehouse_assets.lake import Dataset
 from lakehouse_assets.server.deps import DatasetDep, staging_dir
-from lakehouse_assets.server.files import content_sha256, file_response
+from lakehouse_assets.server.published import PublishedDep
 from lakehouse_assets.storage import LocalStore
 
 router = APIRouter(tags=["exports"])
@@ -99,20 +101,20 @@ async def export_file(
 
 
 @router.api_route("/{dataset}/entities.ftm.json", methods=["GET", "HEAD"])
-async def peer_entities(ds: DatasetDep, request: Request) -> Response:
+async def peer_entities(ds: PublishedDep, request: Request) -> Response:
     """``entities.ftm.json`` at the peer's path."""
     return await _export(ds, request, "entities.ftm.json")
 
 
 @router.api_route("/{dataset}/index.json", methods=["GET", "HEAD"])
-async def peer_index(ds: DatasetDep, request: Request) -> Response:
+async def peer_index(ds: PublishedDep, request: Request) -> Response:
     """``index.json`` at the peer's path."""
     return await _export(ds, request, "index.json")
 
 
 @router.api_route("/{dataset}/exports/{name}", methods=["GET", "HEAD"])
 async def peer_exports(
-    ds: DatasetDep, request: Request, name: Literal["statements.csv", "statistics.json"]
+    ds: PublishedDep, request: Request, name: Literal["statements.csv", "statistics.json"]
 ) -> Response:
     """``exports/statements.csv`` and ``exports/statistics.json`` at the peer's paths."""
     return await _export(ds, request, name)

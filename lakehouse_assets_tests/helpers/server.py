@@ -54,10 +54,11 @@ class Server:
 
 @contextmanager
 def running_server(
-    lake: Lakehouse, state_dir: Path, *, workers: int = 1, **env: str
+    lake: Lakehouse, state_dir: Path, *, workers: int = 1, port: int | None = None, **env: str
 ) -> Iterator[Server]:
-    """``lakehouse serve`` over ``lake`` (``--workers``) until the block ends."""
-    port = free_port()
+    """``lakehouse serve`` over ``lake`` (``--workers``; on ``port``, else a free one)
+    until the block ends."""
+    port = port or free_port()
     log = state_dir / "server.log"
     # no Dagster instance unless the test names one (make test exports DAGSTER_HOME)
     environ = {

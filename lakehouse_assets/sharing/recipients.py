@@ -1,0 +1,212 @@
+"""Recipients: who reads a share, with which token, and how a token is revoked.
+
+A recipient is a bearer token signed with the server's ``LAKEHOUSE_API_SECRET``
+(HS256, the tenant API's machinery): the tenant in ``sub``, the datasets it
+may read in ``datasets`` (names or globs), ``actions: ["read"]``, ``exp``. A
+**profile token** (``lakehouse sharing profile``) carries two more claims:
+
+- ``aud: "delta-sharing"``: PyJWT refuses a token with an audience where the
+  decoder names none, so the tenant API (which names none) answers 401 to a
+  profile token: a profile handed to an analyst opens the shared tables and
+  nothing else;
+- ``jti``: its id, so it can be revoked before it expires
+  (``lakehouse sharing revoke``): the ids go to ``sharing/revoked.json`` in the
+  server's state folder, read again whenever the file changes.
+
+The tenant API's own tokens (ours, with ``read`` or ``admin``) are accepted
+too: a tenant that may read a dataset may read its tables. They have no id,
+so only their expiry ends them. The peer's tokens (methods and path
+prefixes) name no dataset and are refused.
+
+Example:
+    >>> token, claims = issue("0" * 32, tenant="analysts", datasets=["news"],
+    ...                       expires=timedelta(days=30))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any, Final
+
+import jwt
+
+from lakehouse_assets import conventions as cv
+from lakehouse_assets.errors import InvalidNameError, LakehouseError
+from lakehouse_assets.settings import Settings
+
+#: The audience of a profile token: the tenant API refuses it, the sharing server wants it.
+AUDIENCE: Final = "delta-sharing"
+ALGORITHM: Final = "HS256"
+#: Actions of the tenant API's tokens that allow reading a dataset's tables.
+READ_ACTIONS: Final = frozenset({"read", "admin"})
+#: A profile names datasets by name or glob, as the tenant API's tokens do.
+_DATASET_GLOB: Final = "abcdefghijklmnopqrstuvwxyz0123456789_*?[]"
+
+
+class SharingError(LakehouseError):
+    """A request the sharing server refuses: ``status`` and the protocol's ``errorCode``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def unauthenticated(message: str = "no valid bearer token") -> SharingError:
+    return SharingError(401, "UNAUTHENTICATED", message)
+
+
+@dataclass(frozen=True, slots=True)
+class Recipient:
+    """What a valid token may read: the datasets matching its globs."""
+
+    tenant: str
+    datasets: tuple[str, ...]
+    jti: str | None
+    expires: int
+
+    def may_read(self, dataset: str) -> bool:
+        return any(fnmatchcase(dataset, glob) for glob in self.datasets)
+
+
+def issue(
+    secret: str, *, tenant: str, datasets: list[str], expires: timedelta
+) -> tuple[str, dict[str, Any]]:
+    """A profile token (``aud`` delta-sharing, a fresh ``jti``) and its claims."""
+    tenant = cv.tenant_name(tenant)
+    if not datasets:
+        raise InvalidNameError("a profile names at least one dataset")
+    for pattern in datasets:
+        if not pattern or any(c not in _DATASET_GLOB for c in pattern):
+            raise InvalidNameError(f"dataset {pattern!r}: a dataset name or a glob such as news_*")
+    if expires <= timedelta(0):
+        raise InvalidNameError("a profile expires in the future")
+    now = datetime.now(UTC)
+    claims: dict[str, Any] = {
+        "sub": tenant,
+        "datasets": list(datasets),
+        "actions": ["read"],
+        "aud": AUDIENCE,
+        "jti": uuid.uuid4().hex,
+        "iat": int(now.timestamp()),
+        "exp": int((now + expires).timestamp()),
+    }
+    return jwt.encode(claims, secret, algorithm=ALGORITHM), claims
+
+
+def profile(endpoint: str, token: str, expires: int) -> dict[str, Any]:
+    """The profile file of the protocol (``shareCredentialsVersion`` 1)."""
+    when = datetime.fromtimestamp(expires, UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    return {
+        "shareCredentialsVersion": 1,
+        "endpoint": endpoint.rstrip("/"),
+        "bearerToken": token,
+        "expirationTime": when,
+    }
+
+
+def claims_of(token: str, secret: str) -> dict[str, Any]:
+    """The claims of a well-signed token, expired or not (what ``revoke`` needs)."""
+    try:
+        payload = jwt.decode(
+            token,
+            secret,
+            algorithms=[ALGORITHM],
+            options={"verify_exp": False, "verify_aud": False},
+        )
+    except jwt.InvalidTokenError as exc:
+        raise InvalidNameError(f"not a token of this server: {type(exc).__name__}") from None
+    if not isinstance(payload, dict):
+        raise InvalidNameError("not a token of this server: its payload is not an object")
+    return payload
+
+
+def decode(token: str, secret: str, revoked: Revocations) -> Recipient:
+    """The recipient of a token, or a 401 :class:`SharingError` (never the token's text)."""
+    try:
+        payload = jwt.decode(
+            token,
+            secret,
+            algorithms=[ALGORITHM],
+            options={"require": ["exp", "sub"], "verify_aud": False},
+        )
+    except jwt.ExpiredSignatureError:
+        raise unauthenticated("the token has expired") from None
+    except jwt.InvalidTokenError:
+        raise unauthenticated("the token is not one of this server's") from None
+    if not isinstance(payload, dict):
+        raise unauthenticated()
+    aud = payload.get("aud")
+    if aud is not None and aud != AUDIENCE:
+        raise unauthenticated("the token is not for Delta Sharing")
+    jti = payload.get("jti")
+    if jti is not None and (not isinstance(jti, str) or revoked.is_revoked(jti)):
+        raise unauthenticated("the token was revoked")
+    datasets, actions = payload.get("datasets"), payload.get("actions")
+    if not isinstance(datasets, list) or not isinstance(actions, list):
+        raise SharingError(403, "PERMISSION_DENIED", "the token names no datasets")
+    if not READ_ACTIONS & {a for a in actions if isinstance(a, str)}:
+        raise SharingError(403, "PERMISSION_DENIED", "the token does not allow reading")
+    try:
+        tenant = cv.tenant_name(payload["sub"])
+    except InvalidNameError:
+        raise unauthenticated() from None
+    globs = tuple(d for d in datasets if isinstance(d, str))
+    return Recipient(tenant, globs, jti, int(payload["exp"]))
+
+
+def state_dir(settings: Settings) -> Path:
+    """The server's state folder (``LAKEHOUSE_API_STATE_DIR``, as the server
+    defaults it): the revocation list lives there, beside its staging and jobs."""
+    default = Path(tempfile.gettempdir()) / f"lakehouse-server-{os.getuid()}"
+    return Path(settings.api_state_dir or default).expanduser()
+
+
+class Revocations:
+    """The revoked token ids (``{state}/sharing/revoked.json``: ``{jti: exp}``).
+
+    Re-read when the file's mtime or size changes, so a ``revoke`` on the host
+    takes effect on the next request of every worker process. Entries past
+    their token's expiry are dropped on the next revocation.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.path = state_dir(settings) / "sharing" / "revoked.json"
+        self._seen: tuple[int, int] | None = None
+        self._ids: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _load(self) -> dict[str, int]:
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return {}
+        key = (stat.st_mtime_ns, stat.st_size)
+        with self._lock:
+            if key != self._seen:
+                data = json.loads(self.path.read_text() or "{}")
+                self._ids = {str(k): int(v) for k, v in data.items()}
+                self._seen = key
+            return self._ids
+
+    def is_revoked(self, jti: str) -> bool:
+        return jti in self._load()
+
+    def revoke(self, jti: str, expires: int) -> None:
+        """Add ``jti`` (written atomically: a reader sees the old list or the new one)."""
+        now = int(datetime.now(UTC).timestamp())
+        ids = {k: v for k, v in self._load().items() if v > now}
+        ids[jti] = expires
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".revoked-")
+        with os.fdopen(fd, "w") as out:
+            json.dump(ids, out, sort_keys=True)
+        os.replace(tmp, self.path)
