@@ -166,8 +166,7 @@ def decode(token: str, secret: str, revoked: Revocations) -> Recipient:
 def state_dir(settings: Settings) -> Path:
     """The server's state folder (``LAKEHOUSE_API_STATE_DIR``, as the server
     defaults it): the revocation list lives there, beside its staging and jobs."""
-    default = Path(tempfile.gettempdir()) / f"lakehouse-server-{os.getuid()}"
-    return Path(settings.api_state_dir or default).expanduser()
+    return settings.api_state_path
 
 
 class Revocations:
