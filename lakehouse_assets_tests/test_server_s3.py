@@ -14,7 +14,7 @@ import pytest
 
 from lakehouse_assets import Lakehouse, Settings
 from lakehouse_assets_tests.conftest import make_bucket
-from lakehouse_assets_tests.helpers.server import running_server
+from lakehouse_assets_tests.helpers.server import running_server, s3_env
 
 pytestmark = [pytest.mark.s3, pytest.mark.postgres]
 
@@ -26,12 +26,7 @@ def test_writes_reads_and_files_on_s3_with_postgresql(
     lake = Lakehouse(f"s3://{bucket}/lake", settings=s3_settings, journal_url=postgres_database)
     lake.create_dataset("remote")
     (tmp_path / "state").mkdir()
-    env = {
-        "LAKEHOUSE_S3_ENDPOINT_URL": str(s3_settings.s3_endpoint_url),
-        "LAKEHOUSE_S3_ACCESS_KEY_ID": "testing",
-        "LAKEHOUSE_S3_SECRET_ACCESS_KEY": "testing",
-        "LAKEHOUSE_CACHE_DIR": str(tmp_path / "cache"),
-    }
+    env = s3_env(s3_settings, tmp_path / "cache")
     with running_server(lake, tmp_path / "state", **env) as server:
         with server.client(server.token(datasets=("remote",), actions=("read", "write"))) as c:
             rows = [
@@ -94,21 +89,18 @@ def test_every_route_answers_on_s3_with_postgresql(
     lake = Lakehouse(f"s3://{bucket}/lake", settings=s3_settings, journal_url=postgres_database)
     lake.create_dataset("every")
     (tmp_path / "state").mkdir()
-    env = {
-        "LAKEHOUSE_S3_ENDPOINT_URL": str(s3_settings.s3_endpoint_url),
-        "LAKEHOUSE_S3_ACCESS_KEY_ID": "testing",
-        "LAKEHOUSE_S3_SECRET_ACCESS_KEY": "testing",
-        "LAKEHOUSE_CACHE_DIR": str(tmp_path / "cache"),
-    }
+    env = s3_env(s3_settings, tmp_path / "cache")
     called: set[tuple[str, str]] = set()
     with running_server(lake, tmp_path / "state", **env) as server:
         openapi = httpx.get(f"{server.url}/openapi.json").json()
         templates = _templates(openapi)
+        # the Delta Sharing routes have their S3 test in test_sharing (the real connector)
         expected = {
             (method.upper(), path)
             for path, item in openapi["paths"].items()
             for method in item
             if method in ("get", "post", "delete", "head", "put")
+            and not path.startswith("/delta-sharing/")
         }
 
         def record(request: httpx.Request) -> None:
@@ -247,6 +239,17 @@ def test_every_route_answers_on_s3_with_postgresql(
                 for x in diff.text.splitlines()
             }
             assert ops["e-arrow"] == "DEL" and ops["e-ann"] == "MOD", ops
+            feed = c.get("/every/diffs/entities.ftm.json/index.json")
+            assert feed.status_code == 200 and feed.json()["versions"], feed.text
+            newest = max(feed.json()["versions"])  # yente's {version: URL of its delta}
+            name = feed.json()["versions"][newest].rsplit("/", 1)[-1]
+            delta = c.get(f"/every/diffs/entities.ftm.json/{name}")
+            lines = [orjson.loads(x) for x in delta.text.splitlines()]
+            assert delta.status_code == 200 and {x["op"] for x in lines} <= {"ADD", "MOD", "DEL"}
+            assert c.head("/every/diffs/entities.ftm.json/index.json").status_code == 200
+            catalog = c.get("/index.json").json()
+            assert [d["name"] for d in catalog["datasets"]] == ["every"], catalog
+            assert c.head("/index.json").status_code == 200
             status = c.get("/every/_api/status").json()
             assert (
                 status["journal_pending"] == 0

@@ -29,7 +29,7 @@ from deltalake import DeltaTable
 from lakehouse_assets import Lakehouse, Settings
 from lakehouse_assets.sharing import issue, profile
 from lakehouse_assets_tests.conftest import make_bucket, sample_entities
-from lakehouse_assets_tests.helpers.server import REPO, SECRET, Server, running_server
+from lakehouse_assets_tests.helpers.server import REPO, SECRET, Server, running_server, s3_env
 from lakehouse_assets_tests.helpers.sharing import assert_same_frame, connector
 
 pytestmark = pytest.mark.slow
@@ -341,12 +341,7 @@ def test_the_connector_reads_an_s3_lake_through_presigned_urls(
     )
     between = _build(lake)
     (tmp_path / "state").mkdir()
-    env = {
-        "LAKEHOUSE_S3_ENDPOINT_URL": str(s3_settings.s3_endpoint_url),
-        "LAKEHOUSE_S3_ACCESS_KEY_ID": "testing",
-        "LAKEHOUSE_S3_SECRET_ACCESS_KEY": "testing",
-        "LAKEHOUSE_CACHE_DIR": str(tmp_path / "cache"),
-    }
+    env = s3_env(s3_settings, tmp_path / "cache")
     with running_server(lake, tmp_path / "state", **env) as server:
         s = Shared(server, lake, tmp_path, between)
         ops: list[dict[str, Any]] = [{"op": "load", "table": f"lake.alpha.{t}"} for t in TABLES]

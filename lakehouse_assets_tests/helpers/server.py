@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from lakehouse_assets import Lakehouse
+from lakehouse_assets import Lakehouse, Settings
 from lakehouse_assets.server.auth import issue_token
 from lakehouse_assets_tests.conftest import _restore_signals, free_port, stop_process
 
@@ -50,6 +50,17 @@ class Server:
     def client(self, token: str | None = None, **kwargs: object) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=120, **kwargs)  # type: ignore[arg-type]
+
+
+def s3_env(s3_settings: Settings, cache: Path) -> dict[str, str]:
+    """The environment a server on the loopback S3 server's lake needs (its endpoint
+    and test keys, a cache folder of the test's own)."""
+    return {
+        "LAKEHOUSE_S3_ENDPOINT_URL": str(s3_settings.s3_endpoint_url),
+        "LAKEHOUSE_S3_ACCESS_KEY_ID": "testing",
+        "LAKEHOUSE_S3_SECRET_ACCESS_KEY": "testing",
+        "LAKEHOUSE_CACHE_DIR": str(cache),
+    }
 
 
 @contextmanager
