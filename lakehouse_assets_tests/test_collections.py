@@ -350,3 +350,39 @@ def test_clusters_follow_identifier_order() -> None:
     assert got.get("d") == "Q10" and got.get("zzz") == "zzz"
     blocked = clusters([("b", "a")], [("b", "a", "negative")])
     assert blocked.conflicts == [("b", "a", "negative")]
+
+
+def test_cli(built: tuple[Lakehouse, Dataset], nk_db: tuple[str, Path]) -> None:
+    """``datasets create --children``, ``resolver load|dump|decide`` and ``make`` of a
+    collection from the command line."""
+    from click.testing import CliRunner
+
+    from lakehouse_assets.cli import cli
+
+    lake, _ = built
+
+    def run(*args: str) -> Any:
+        return CliRunner().invoke(cli, ["--lake", str(lake.settings.lake_uri), *args])
+
+    missing = run("datasets", "create", "coll_cli", "--children", "leaf_a,nowhere")
+    assert missing.exit_code == 1 and "nowhere" in missing.output
+    assert "coll_cli" not in lake.datasets()
+    assert run("datasets", "create", "coll_cli", "--children", "leaf_a,leaf_b").exit_code == 0
+    loaded = run("-d", "coll_cli", "resolver", "load", str(nk_db[1]))
+    assert loaded.exit_code == 0, loaded.output
+    assert json.loads(loaded.output)["conflicts"] == []
+    dumped = run("-d", "coll_cli", "resolver", "dump")
+    assert dumped.output == nk_db[1].read_text()
+    decided = run("-d", "coll_cli", "resolver", "decide", "a-bob", "b-bob", "positive")
+    assert decided.exit_code == 0 and decided.output.startswith("NK-")
+    not_one = run("-d", "leaf_a", "resolver", "dump")
+    assert not_one.exit_code == 1 and "not a collection" in not_one.output
+    made = run("-d", "coll_cli", "make")
+    assert made.exit_code == 0, made.output
+    coll = lake.dataset("coll_cli")
+    ours = {
+        orjson.loads(x)["id"]: orjson.loads(x)
+        for x in exported(coll, cv.ENTITIES_JSON).splitlines()
+    }
+    assert ours[decided.output.strip()]["referents"] == ["a-bob", "b-bob"]
+    assert ours[decided.output.strip()]["datasets"] == ["leaf_a", "leaf_b"]
