@@ -386,3 +386,26 @@ def test_cli(built: tuple[Lakehouse, Dataset], nk_db: tuple[str, Path]) -> None:
     }
     assert ours[decided.output.strip()]["referents"] == ["a-bob", "b-bob"]
     assert ours[decided.output.strip()]["datasets"] == ["leaf_a", "leaf_b"]
+
+
+@pytest.mark.postgres
+def test_load_from_postgresql(built: tuple[Lakehouse, Dataset], postgres_database: str) -> None:
+    """nomenklatura's table on PostgreSQL loads as from SQLite: the canonical ids
+    are its linker's."""
+    from nomenklatura.db import Session, close_db, get_engine
+    from nomenklatura.resolver import Resolver
+
+    url = postgres_database.replace("postgresql://", "postgresql+psycopg2://", 1)
+    with Session(get_engine(url)) as session:
+        resolver: Resolver[Any] = Resolver(session, create=True)
+        judge(resolver)
+        session.commit()
+    close_db(url)
+    lake, _ = built
+    other = lake.create_dataset("coll_pg", children=["leaf_a", "leaf_b"])
+    judgements.load_sql(other, url)
+    ours = [
+        (r["entity_id"], r["canonical_id"]) for r in judgements.canonical_rows(other).to_pylist()
+    ]
+    assert ours == sorted((k, v) for k, v in linker(url).mappings() if k != v)
+    assert len(judgements.rows(other)) == 11  # every row of nomenklatura's table
