@@ -409,3 +409,63 @@ def test_load_from_postgresql(built: tuple[Lakehouse, Dataset], postgres_databas
     ]
     assert ours == sorted((k, v) for k, v in linker(url).mappings() if k != v)
     assert len(judgements.rows(other)) == 11  # every row of nomenklatura's table
+
+
+def test_yente_loads_a_collection_and_its_delta(
+    spark: SparkSession, tmp_path: Path, nk_db: tuple[str, Path]
+) -> None:
+    """yente's own updater, on the catalog of a lake served over HTTP, loads the
+    collection (its children beside it in the catalog) fully, then, after a
+    judgement merged two entities, applies the delta and ends at the head."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from lakehouse_assets.settings import Settings
+    from lakehouse_assets_tests.test_feed import _quiet_handler, run_yente, yente_python
+
+    python = yente_python()
+    root = tmp_path / "lake"
+    root.mkdir()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _quiet_handler(str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        lake = Lakehouse(
+            root,
+            settings=Settings(public_url=url),
+            journal_url=f"sqlite:///{tmp_path / 'j.sqlite'}",
+        )
+        for name in ("leaf_a", "leaf_b"):
+            origin, batch = LEAVES[name]
+            ds = lake.create_dataset(name, title=name)
+            ds.write_entities([orjson.dumps(e) for e in batch], origin=origin)
+            ds.make()
+        coll = lake.create_dataset("coll", title="Collection", children=["leaf_a", "leaf_b"])
+        judgements.load_sql(coll, nk_db[0])
+        coll.make()
+        catalog_url = f"{url}/{cv.CATALOG_INDEX}"
+        state = tmp_path / "yente-state.json"
+
+        def head() -> dict[str, dict[str, Any]]:
+            return {
+                (e := orjson.loads(x))["id"]: normal(e)
+                for x in (root / "coll" / cv.ENTITIES_JSON).read_bytes().splitlines()
+            }
+
+        loaded = run_yente(python, catalog_url, "coll", state, "--scope", "coll")
+        assert loaded["incremental"] is False and loaded["refused"] == 0
+        assert {k: normal(v) for k, v in loaded["entities"].items()} == head()
+        merged = judgements.decide(coll, "a-bob", "b-bob", "positive", user="t")
+        coll.make()
+        version = coll.version()
+        assert version is not None and version.sequence == 2
+        result = run_yente(python, catalog_url, "coll", state, "--scope", "coll")
+        assert result["incremental"] is True, result
+        assert result["version"] == version.version_id
+        assert result["ops"]["DEL"] == 2 and result["ops"]["ADD"] == 1
+        assert result["ops"]["MOD"] >= 1  # the ownership whose owner is now the merged id
+        assert {k: normal(v) for k, v in result["entities"].items()} == head()
+        assert result["entities"][merged]["referents"] == ["a-bob", "b-bob"]
+    finally:
+        server.shutdown()
+        server.server_close()
