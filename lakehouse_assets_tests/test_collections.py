@@ -44,7 +44,11 @@ if TYPE_CHECKING:
     from nomenklatura.resolver import Resolver
     from pyspark.sql import SparkSession
 
-pytestmark = [pytest.mark.spark_modes, pytest.mark.slow]
+pytestmark = pytest.mark.slow
+
+#: the data-plane comparisons (``make test`` runs them again in process and on a
+#: cluster); the CLI, PostgreSQL and yente paths run once, in the main pass
+data_plane = pytest.mark.spark_modes
 
 
 def person(eid: str, name: str, **props: list[str]) -> dict[str, Any]:
@@ -184,6 +188,7 @@ def test_leaves_resolve_nested_collections(built: tuple[Lakehouse, Dataset]) -> 
         leaves(lake.store, "leaf_a")
 
 
+@data_plane
 def test_canonical_ids_are_nomenklaturas(
     built: tuple[Lakehouse, Dataset], nk_db: tuple[str, Path]
 ) -> None:
@@ -213,6 +218,7 @@ def test_dump_is_nomenklaturas(built: tuple[Lakehouse, Dataset], nk_db: tuple[st
     )
 
 
+@data_plane
 def test_entities_match_nomenklaturas_merge(
     built: tuple[Lakehouse, Dataset], nk_db: tuple[str, Path]
 ) -> None:
@@ -241,6 +247,7 @@ def test_entities_match_nomenklaturas_merge(
     assert {"a-bob", "b-bob", "c-solo"} <= set(ours)  # the negative kept them apart
 
 
+@data_plane
 def test_statements_csv_is_resolved(
     built: tuple[Lakehouse, Dataset], nk_db: tuple[str, Path]
 ) -> None:
@@ -278,6 +285,7 @@ def test_index_lists_children_and_statistics(built: tuple[Lakehouse, Dataset]) -
     assert stale_reason(coll) is None
 
 
+@data_plane
 def test_judgement_change_rebuilds_byte_identical_to_full(
     built: tuple[Lakehouse, Dataset], tmp_path: Path
 ) -> None:
@@ -306,6 +314,7 @@ def test_judgement_change_rebuilds_byte_identical_to_full(
         assert exported(coll, path) == data, path
 
 
+@data_plane
 def test_incompatible_cluster_is_reported(built: tuple[Lakehouse, Dataset]) -> None:
     """A Person merged with a Vessel stops the build naming the cluster; nothing
     is published and the previous files stay."""
