@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -278,6 +279,19 @@ def save(ds: DatasetContext, edges: list[Edge], operation: str) -> Clusters:
     return result
 
 
+@contextmanager
+def changing(ds: DatasetContext) -> Iterator[None]:
+    """One change of a collection's judgements at a time (``locks/lakehouse/resolver``,
+    waited for up to ``LAKEHOUSE_LOCK_WAIT_SECONDS``): each is a read, a merge
+    and a rewrite of the table, so two at once would lose one."""
+    lock = ds.operation_lock("resolver", tenant=cv.LAKEHOUSE_TENANT)
+    lock.acquire(wait=ds.settings.lock_wait_seconds)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def canonical_rows(ds: DatasetContext) -> pa.Table:
     """The canonical-id table (:data:`~.resolver.CANONICAL_SCHEMA`; empty before a load)."""
     location = canonical_table(ds)
@@ -303,8 +317,6 @@ def decide(
     A positive judgement between clusters that have no canonical id (no ``NK-``
     id, no QID) links both to a new ``NK-`` id instead of to each other, so the
     merged entity has a stable name of its own."""
-    import shortuuid
-
     if judgement not in JUDGEMENTS:
         raise InvalidInputError(
             f"judgement must be one of {', '.join(JUDGEMENTS)}, got {judgement!r}",
@@ -312,9 +324,15 @@ def decide(
         )
     left = cv.text(left, "entity id", MAX_ID)
     right = cv.text(right, "entity id", MAX_ID)
-    target, source = pair(left, right)
-    created = now or timestamp()
-    who = user or ds.tenant
+    with changing(ds):
+        return _decide(ds, *pair(left, right), judgement, user or ds.tenant, now or timestamp())
+
+
+def _decide(
+    ds: DatasetContext, target: str, source: str, judgement: str, who: str, created: str
+) -> str:
+    import shortuuid  # nomenklatura's NK- ids are shortuuids (its dependency, and ftmq's)
+
     current = rows(ds)
     new: list[Edge] = []
     if judgement == "positive":
@@ -347,12 +365,15 @@ def load_dump(ds: DatasetContext, lines: Iterable[str | bytes], *, source: str) 
     """Load nomenklatura's JSON-lines dump into the collection's judgements (each
     line superseding its pair's live row); all or nothing."""
     edges = read_dump(lines, dataset=ds.name, source=source)
-    return save(ds, supersede(rows(ds), edges), "load")
+    with changing(ds):
+        return save(ds, supersede(rows(ds), edges), "load")
 
 
 def load_sql(ds: DatasetContext, url: str, *, table: str = "resolver") -> Clusters:
     """Replace the collection's judgements with nomenklatura's SQL table (history included)."""
-    return save(ds, read_sql(url, dataset=ds.name, table=table), "load")
+    edges = read_sql(url, dataset=ds.name, table=table)
+    with changing(ds):
+        return save(ds, edges, "load")
 
 
 def changed_ids(before: pa.Table, after: pa.Table) -> set[str]:
