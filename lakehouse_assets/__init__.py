@@ -18,6 +18,8 @@ this with import-linter (the contract in ``setup.cfg``, ``[importlinter]``):
 2. the facade: :mod:`.lake` (:class:`Lakehouse`, :class:`Dataset`), which
    composes the operations and decides what a read sees (a flush first, or a
    published version);
+   then :mod:`.collections` (a collection's tables built from its leaves and
+   judgements, then published by the operations below);
 3. operations, each on the :class:`~.context.DatasetContext` the facade hands
    it (a ``Dataset`` is one): :mod:`.exports`, :mod:`.maintenance`;
    :mod:`.versions`; :mod:`.mappings`, :mod:`.queue` (which replays tenant

@@ -39,6 +39,9 @@ validated here *before* a path is built, so nothing can escape the lake
         ├── graph/by_target/prop={prop}/*.parquet  Delta table: edges sorted by target
         ├── graph/tombstones/*.parquet, graph/state.json
         ├── checks/{name}.json           last data-check results, by the snapshot they judged
+        ├── resolver/judgements/*.parquet    Delta table: a collection's nomenklatura judgements
+        ├── resolver/canonical/*.parquet     Delta table: entity id -> canonical id, from them
+        ├── resolver/built.json          what a collection's tables were last built from
         └── _staging/{operation}-{run id}/  intermediate files of a running operation
 """
 
@@ -322,6 +325,13 @@ GRAPH_BY_SOURCE: Final = "graph/by_source"
 GRAPH_BY_TARGET: Final = "graph/by_target"
 GRAPH_TOMBSTONES: Final = "graph/tombstones"
 GRAPH_STATE: Final = "graph/state.json"
+#: A collection's judgements (nomenklatura's resolver table, every row with its
+#: history) and the canonical ids they give (see :mod:`lakehouse_assets.collections`).
+RESOLVER_JUDGEMENTS: Final = "resolver/judgements"
+RESOLVER_CANONICAL: Final = "resolver/canonical"
+#: What a collection's statements were last built from: each leaf's table
+#: versions and the canonical-id table's version (whether a build is due).
+COLLECTION_BUILT_FROM: Final = "resolver/built.json"
 
 
 def check_cache(dataset: str, name: str) -> str:
@@ -475,6 +485,8 @@ EXPORTS_STATISTICS: Final = "exports/statistics"
 EXPORTS_INDEX: Final = "exports/index"
 #: graph.cypher, graph.graphml and the Neo4j bulk CSVs (written together).
 EXPORTS_GRAPH: Final = "exports/graph"
+#: A collection's judgements changed (load, decide): its statements are stale.
+RESOLVER_LAST_UPDATED: Final = "resolver/last_updated"
 CRAWL_LAST_RUN: Final = "operations/crawl/last_run"
 #: Any mapping of the dataset stored or changed (what the mapping sensor watches).
 MAPPINGS_LAST_UPDATED: Final = "mappings/last_updated"

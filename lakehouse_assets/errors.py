@@ -139,3 +139,9 @@ class InvalidSettingError(ConfigurationError):
     Not a ``ValueError``: raised by ``Settings.__init__`` itself, so pydantic
     does not wrap it again.
     """
+
+
+class CollectionError(LakehouseError, ValueError):
+    """A collection cannot be built as configured: a child that does not exist, a
+    cycle of children, a cluster of entities whose schemata have nothing in
+    common. Fix the catalog or the judgements; retrying changes nothing."""

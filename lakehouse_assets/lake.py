@@ -443,7 +443,15 @@ class Dataset(DatasetContext):
         return export(self, kinds, force=force)
 
     def make(self, force: bool = False) -> ExportResult:
-        """Flush if needed, then every export that is not fresh."""
+        """Flush if needed, then every export that is not fresh. A collection
+        (children in its config.yml) is first built from its leaves and
+        judgements when either changed (:mod:`lakehouse_assets.collections`)."""
+        from lakehouse_assets.collections.leaves import is_collection
+
+        if is_collection(self.store, self.name):
+            from lakehouse_assets.collections.make import make as make_collection
+
+            return make_collection(self, force=force).exported
         from lakehouse_assets.exports import make
 
         return make(self, force=force)

@@ -16,6 +16,7 @@ that need them, so that ``lakehouse status`` and ``--version`` start fast.
 from lakehouse_assets.cli import (  # noqa: F401  (importing them registers their commands)
     archive,
     build,
+    collections,
     config,
     datasets,
     graph,

@@ -85,15 +85,41 @@ def _stale(kinds: list[str]) -> str:
 @click.argument("name")
 @click.option("--title", help="Human-readable title.")
 @click.option("--summary", help="One-paragraph summary.")
+@click.option(
+    "--children",
+    help="Make a collection of these datasets (comma-separated names; a child may be "
+    "a collection itself).",
+)
 @pass_ctx
-def datasets_create(obj: Context, name: str, title: str | None, summary: str | None) -> None:
-    """Create a dataset (idempotent).
+def datasets_create(
+    obj: Context, name: str, title: str | None, summary: str | None, children: str | None
+) -> None:
+    """Create a dataset (idempotent); with --children, a collection: its exports
+    merge its leaves' entities by the judgements of `lakehouse resolver`.
 
     \b
-    Example:
+    Examples:
       lakehouse --lake ./lake datasets create my_dataset --title "My dataset"
+      lakehouse --lake ./lake datasets create everything --children sanctions,peps
     """
-    ds = obj.open_lake(create=True).create_dataset(name, title=title, summary=summary)
+    fields: dict[str, object] = {}
+    kids = (
+        []
+        if children is None
+        else sorted({cv.dataset_name(c.strip()) for c in children.split(",")})
+    )
+    if kids:
+        fields["children"] = kids
+    lake = obj.open_lake(create=True)
+    for child in kids:
+        lake.dataset(child)  # a child that does not exist: said before anything is written
+    ds = lake.create_dataset(name, title=title, summary=summary, **fields)
+    if children is not None:
+        from lakehouse_assets.collections.leaves import leaves
+
+        found = leaves(lake.store, ds.name)  # a missing child or a cycle: said now
+        click.echo(f"created collection {ds.name} of {', '.join(found)}", err=True)
+        return
     click.echo(f"created {ds.name} in {obj.lake.store.uri}", err=True)
 
 

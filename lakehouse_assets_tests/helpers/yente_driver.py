@@ -1,6 +1,6 @@
 """Load a lake's dataset as yente does: run in yente's own virtual environment.
 
-``python yente_driver.py CATALOG_URL DATASET STATE OUT [--by-resource NAME]``
+``python yente_driver.py CATALOG_URL DATASET STATE OUT [--by-resource NAME] [--scope NAME]``
 
 yente's manifest loader reads the catalog ``index.json`` at ``CATALOG_URL``
 (``Catalog.load``: followthemoney's ``DataCatalog`` with yente's ``Dataset``);
@@ -13,6 +13,7 @@ and is applied to the entities of ``STATE`` the way the index applies it
 load starts from an empty index). ``OUT`` gets the new state and what yente
 decided. ``--by-resource`` drops ``entities_url`` so yente takes the
 resource of that name, with its checksum checked (``YENTE_VERIFY_CHECKSUM``).
+``--scope`` is the manifest's ``scope`` (how yente is told to load a collection).
 
 This file imports yente: it is never imported by the test suite.
 """
@@ -34,8 +35,11 @@ async def main(argv: list[str]) -> None:
     from yente.search.indexer import build_entity_action
 
     catalog_url, name, state_path, out_path = argv[:4]
-    by_resource = argv[5] if len(argv) > 5 and argv[4] == "--by-resource" else None
-    manifest = Manifest(catalogs=[CatalogManifest(url=catalog_url)])
+    extra = dict(zip(argv[4::2], argv[5::2], strict=False))
+    by_resource = extra.get("--by-resource")
+    # a collection is loaded only in scope (yente's Dataset: load = not is_collection)
+    scope = extra.get("--scope")
+    manifest = Manifest(catalogs=[CatalogManifest(url=catalog_url, scope=scope)])
     specs = await manifest.fetch_datasets()
     if by_resource is not None:
         for spec in specs:
