@@ -35,6 +35,7 @@ class BulkWriter:
     """
 
     def __init__(self, dataset: DatasetContext, origin: str) -> None:
+        dataset.check_not_a_collection()
         self.dataset = dataset
         self.origin = cv.origin(origin)
         self.journal = dataset.journal

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.archive import Archive
 from lakehouse_assets.catalog import load_dataset_config
+from lakehouse_assets.errors import CollectionError
 from lakehouse_assets.jobs import JobRecorder, record_job
 from lakehouse_assets.journal import Journal
 from lakehouse_assets.locks import Lock, dataset_lock, operation_lock
@@ -57,6 +58,8 @@ class DatasetContext:
         #: The tenant acting: the lake's (writes, jobs, locks record it).
         self.tenant = tenant
         self._journal = journal
+        #: the config's children, read on the first write (a collection refuses writes)
+        self._children: tuple[str, ...] | None = None
 
     def sibling(self, name: str) -> DatasetContext:
         """Another dataset of the same lake: same store, settings, tenant and journal."""
@@ -122,6 +125,20 @@ class DatasetContext:
 
         raw = load_dataset_config(self.store, self.name)
         return DatasetModel.model_validate(raw)
+
+    def check_not_a_collection(self) -> None:
+        """Refuse a journal write to a collection: its tables are built from its
+        leaves (:mod:`lakehouse_assets.collections`), so a row flushed into them
+        would be overwritten, lost, by the next build. Asked once per dataset
+        object (one read of its config.yml)."""
+        if self._children is None:
+            raw = load_dataset_config(self.store, self.name).get("children") or []
+            self._children = tuple(sorted(str(c) for c in raw)) if isinstance(raw, list) else ()
+        if self._children:
+            raise CollectionError(
+                f"[dataset {self.name!r}] is a collection of {', '.join(self._children)}: "
+                "its statements are built from those datasets; write to one of them"
+            )
 
     def lock(self, operation: str = "tables") -> Lock:
         """The dataset-wide ``.LOCK`` (not taken yet): one writer of the tables, any tenant."""

@@ -405,6 +405,7 @@ class Dataset(DatasetContext):
                 for s in stmts
             ]
         if rows:
+            self.check_not_a_collection()
             self.journal.write(rows, Write.new(self.lake.tenant))
             self.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
         return counts
@@ -413,6 +414,7 @@ class Dataset(DatasetContext):
         """Tombstone a single statement."""
         origin = cv.origin(stmt.origin or origin or cv.DEFAULT_ORIGIN)
         row = statement_row(stmt, self.name, origin, deleted_at=iso(cv.utcnow()))
+        self.check_not_a_collection()
         self.journal.write([row], Write.new(self.lake.tenant))
         self.core_tags.touch(cv.JOURNAL_LAST_UPDATED)
 

@@ -326,6 +326,25 @@ def test_incompatible_cluster_is_reported(built: tuple[Lakehouse, Dataset]) -> N
     assert not bad.store.exists(cv.dataset_path("coll_bad", cv.ENTITIES_JSON))
 
 
+def test_a_collection_refuses_writes_to_its_own_journal(
+    built: tuple[Lakehouse, Dataset],
+) -> None:
+    """Its tables are built from its leaves: a row flushed into them would be lost to
+    the next build, so a write (entities, statements, deletes, a crawl's documents) is
+    refused naming the collection and its children, and nothing reaches the journal."""
+    lake, coll = built
+    ds = lake.dataset(coll.name)
+    before = ds.journal.count(ds.name)
+    person = {"id": "direct", "schema": "Person", "properties": {"name": ["Direct"]}}
+    with pytest.raises(CollectionError, match=rf"{coll.name!r}\] is a collection of leaf_a, sub"):
+        ds.add_entity(person)
+    with pytest.raises(CollectionError, match="write to one of them"):
+        ds.write_entities([orjson.dumps(person) + b"\n"])
+    with pytest.raises(CollectionError, match="is a collection"):
+        ds.delete_statement(Statement("a-ann", "name", "Person", "Ann", coll.name))
+    assert ds.journal.count(ds.name) == before
+
+
 def test_bad_dump_names_file_and_line(built: tuple[Lakehouse, Dataset]) -> None:
     lake, _ = built
     other = lake.create_dataset("coll_input", children=["leaf_a"])
