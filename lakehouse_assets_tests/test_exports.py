@@ -471,7 +471,7 @@ def test_the_export_is_the_same_bytes_on_one_partition_and_on_several(
     """A small dataset's pass runs in one partition without a shuffle; a large
     one is range-partitioned by entity. Both give the same bytes, with copies of
     a statement in two origins, merged entities and a caption pick among them."""
-    from lakehouse_assets import exports
+    from lakehouse_assets import export_pass
     from lakehouse_assets.spark import session
 
     ds = local_lake.create_dataset("partitioned")
@@ -482,13 +482,13 @@ def test_the_export_is_the_same_bytes_on_one_partition_and_on_several(
                 bulk.add_entity(e)
     paths = [cv.dataset_path(ds.name, p) for p in EXPORT_FILES]
     planned: list[int] = []
-    real = exports.partitions_for
+    real = export_pass.partitions_for
 
     def spy(*args: Any) -> int:
         planned.append(real(*args))
         return planned[-1]
 
-    monkeypatch.setattr(exports, "partitions_for", spy)
+    monkeypatch.setattr(export_pass, "partitions_for", spy)
     statements = acknowledged(ds)
     ds.make()
     one = [ds.store.read_bytes(p) for p in paths]
