@@ -502,6 +502,54 @@ def test_the_export_is_the_same_bytes_on_one_partition_and_on_several(
     assert [normal(g) for g in got] == [normal(w) for w in want]
 
 
+def test_a_first_build_skips_the_join_with_the_same_bytes(
+    spark: SparkSession, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 49: where the translog changes no stored row (a first build) the pass
+    reads the main table as the live statements, without the join: the same
+    bytes as with it, and as followthemoney's; once a row's seen range widens,
+    the join is back and gives the widened range."""
+    from lakehouse_assets.tables import spark_io
+
+    ds = local_lake.create_dataset("first_build")
+    add_awkward_entities(ds)
+    for origin in ("crawl", "registry"):
+        with ds.bulk(origin=origin) as bulk:
+            for e in input_entities()[:60]:
+                bulk.add_entity(e)
+    statements = acknowledged(ds)
+    paths = [cv.dataset_path(ds.name, p) for p in EXPORT_FILES]
+    joined: list[bool] = []
+    real = spark_io.main_is_live
+
+    def spy(*args: Any) -> bool:
+        joined.append(not real(*args))
+        return not joined[-1]
+
+    monkeypatch.setattr(spark_io, "main_is_live", spy)
+    ds.make()
+    skipped = [ds.store.read_bytes(p) for p in paths]
+    assert joined and not any(joined)
+    monkeypatch.setattr(spark_io, "main_is_live", lambda *args: False)
+    ds.make(force=True)
+    assert [ds.store.read_bytes(p) for p in paths] == skipped
+    want = [e.to_dict() for e in expected_entities(ds.name, statements)]
+    got = [orjson.loads(line) for line in skipped[1].splitlines()]
+    assert [normal(g) for g in got] == [normal(w) for w in want]
+
+    monkeypatch.setattr(spark_io, "main_is_live", spy)
+    entity = input_entities()[0]
+    ds.add_entity(entity, origin="crawl")  # written again: a later last_seen
+    ds.make(force=True)
+    assert joined[-1] is True
+    lines = ds.store.read_bytes(paths[1]).splitlines()
+    again = next(orjson.loads(x) for x in lines if orjson.loads(x)["id"] == entity["id"])
+    before = next(
+        orjson.loads(x) for x in skipped[1].splitlines() if orjson.loads(x)["id"] == entity["id"]
+    )
+    assert again["last_seen"] > before["last_seen"]
+
+
 def test_ranged_coalesces_only_a_small_input_wanted_in_one_partition(
     spark: SparkSession,
     capsys: pytest.CaptureFixture[str],

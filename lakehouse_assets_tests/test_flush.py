@@ -757,3 +757,35 @@ def test_a_change_spread_over_every_file_is_merged_on_the_driver_up_to_its_bound
     assert driver[1][3] == 3  # every translog file merged again
     assert driver[1:] == spark_run[1:]
     assert driver[1][0] > 0 and driver[1][1] > 0 and driver[1][2] > 0
+
+
+def test_the_translog_says_while_it_changes_no_stored_row(
+    spark: SparkSession, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 49: flushes that only store new statements (a first build, by Spark's
+    tasks and the driver, or by the driver alone) mark their translog commits
+    (``main_is_live``: readers skip the join); a duplicate or a delete ends it,
+    for good, and a published version's commit in between changes nothing."""
+    from lakehouse_assets.tables.translog import main_is_live
+
+    def live(ds: Any) -> bool:
+        return main_is_live(ds.translog_table, Snapshot.load(ds.translog_table).version)
+
+    entities = sample_entities()
+    for name, driver_rows in (("by_tasks", 0), ("by_driver", 10**6)):
+        monkeypatch.setattr(local_lake.settings, "flush_driver_rows", driver_rows)
+        ds = local_lake.create_dataset(name)
+        assert live(ds)  # no translog: nothing to change
+        for e in entities[: len(entities) // 2]:
+            ds.add_entity(e, origin="import")
+        first = ds.flush()
+        assert first.new > 0 and live(ds)
+        for e in entities[len(entities) // 2 :]:  # new statements only, in stored buckets
+            ds.add_entity(e, origin="import")
+        assert ds.flush().duplicates == 0 and live(ds)
+        ds.make()  # publishes a version: a translog commit without data
+        assert live(ds)
+        ds.add_entity(entities[0], origin="import")  # written again: its seen range widens
+        assert ds.flush().duplicates > 0 and not live(ds)
+        ds.add_entity({"id": "later", "schema": "Person", "properties": {"name": ["Later"]}})
+        assert ds.flush().new > 0 and not live(ds)  # not again, once a row was changed

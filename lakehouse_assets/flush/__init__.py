@@ -47,6 +47,17 @@ points, no Spark job, and, in a fresh process, no JVM started at all. The
 driver reads and merges those files one per core at a time, so its memory is
 a few files' whatever the table's size.
 
+A larger batch into buckets neither table holds a file of (a first flush,
+and each batch of a first flush in several) has nothing to join with: every
+live statement is new and its translog row is its own. After Spark's tasks
+have read, reduced and staged it (a contiguous range of buckets per staged
+file), the driver sorts and writes each staged file as statements files, the
+translog rows and the change feed in Arrow, a file per core at a time
+(:func:`.driver._flush_new_buckets`): no join, range sample, shuffle or sort
+is left for Spark. A translog commit of only new statements' rows says so
+(:data:`.tables.translog.MAIN_IS_LIVE_KEY`) while no earlier commit changed
+a stored row: readers of such a snapshot skip their join with the translog.
+
 Both commits are fenced (:func:`delta.commit`): made from the version the
 flush read, with the lock's generation, after checking the lock is still
 held; a flush that lost its lock commits nothing.

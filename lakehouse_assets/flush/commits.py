@@ -5,7 +5,7 @@ the batch's keys the probes take.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from lakehouse_assets.tables.schemas import (
     TRANSLOG_SCHEMA,
 )
 from lakehouse_assets.tables.snapshot import DataFile, Snapshot
+from lakehouse_assets.tables.translog import MAIN_IS_LIVE_KEY, main_is_live
 
 if TYPE_CHECKING:
     from deltalake.transaction import AddAction
@@ -125,12 +126,21 @@ def _commit_translog(
     meta: dict[str, str],
     fence: Fence,
     publishes: int | None,
+    *,
+    only_new: bool = False,
 ) -> int | None:
     """One commit: the ``replaced`` translog files out, their rewrites and the new
-    rows' files in, publishing statements version ``publishes``."""
+    rows' files in, publishing statements version ``publishes``.
+
+    ``only_new``: the batch's translog rows are all those of statements it
+    stored new (no duplicate, no tombstone): they hold what the main table
+    holds, and if the translog before changed no main row either, the commit
+    says so (:data:`.tables.translog.MAIN_IS_LIVE_KEY`: readers skip the join)."""
     removes = [remove_action(f.path, f.size, f.partition_values) for f in replaced]
     if not adds and not removes and snapshot.version is None:
         return None  # nothing to record and no table to publish in yet
+    if only_new and main_is_live(ds.translog_table, snapshot.version):
+        meta = {**meta, MAIN_IS_LIVE_KEY: "true"}
     return commit(
         ds.translog_table,
         [*removes, *adds],
@@ -140,6 +150,10 @@ def _commit_translog(
         read_version=snapshot.version,
         publishes=publishes,
     )
+
+
+#: A reader of some columns (by name) of a batch's reduced rows, on the driver.
+Reader = Callable[[Sequence[str]], pa.Table]
 
 
 #: The columns of a batch's keys (:func:`_key_table`).

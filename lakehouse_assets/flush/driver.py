@@ -11,6 +11,7 @@ import pyarrow as pa
 from lakehouse_assets import faults, progress
 from lakehouse_assets.flush.commits import (
     FlushResult,
+    Reader,
     _commit_changes,
     _commit_statements,
     _commit_translog,
@@ -35,7 +36,7 @@ from lakehouse_assets.tables.snapshot import (
     _read_cast,
     _row_group_index,
 )
-from lakehouse_assets.tables.translog import merge_rows
+from lakehouse_assets.tables.translog import SORT_KEYS, merge_rows
 
 if TYPE_CHECKING:
     from deltalake.transaction import AddAction
@@ -151,8 +152,9 @@ def _flush_batch_on_driver(
     # a tombstone for a statement that never reached the table has nothing to mark.
     kept = pc.or_(in_main, pc.invert(dead))
     updates = reduced.filter(kept)
+    only_new = not pc.any(in_main).as_py()  # no duplicate, no tombstone
     version = _rewrite_translog_on_driver(
-        ds, updates, log_snapshot, rewritten, holding.rows, meta, fence, published
+        ds, updates, log_snapshot, rewritten, holding.rows, meta, fence, published, only_new
     )
     result.translog_files_rewritten += len(rewritten)
     step("rewrote translog")
@@ -194,6 +196,7 @@ def _rewrite_translog_on_driver(
     meta: dict[str, str],
     fence: Fence,
     published: int | None,
+    only_new: bool = False,
 ) -> int | None:
     """The translog update of :func:`rewrite_translog`, one file at a time: each
     file that holds a row of the batch is merged with its updates
@@ -250,7 +253,103 @@ def _rewrite_translog_on_driver(
     # core at a time (a 1% change spread over every file of a large table)
     with ThreadPoolExecutor(max_workers=file_threads(len(parts))) as pool:
         adds = [action for written in pool.map(rewrite, parts) for action in written]
-    return _commit_translog(ds, snapshot, files, adds, meta, fence, published)
+    return _commit_translog(ds, snapshot, files, adds, meta, fence, published, only_new=only_new)
+
+
+#: The order of a statements file's rows (as the Spark path sorts them).
+STATEMENTS_ORDER = [
+    (c, "ascending", "at_start") for c in ("bucket", "canonical_id", "prop", "value", "origin")
+]
+
+
+def _flush_new_buckets(
+    ds: DatasetContext,
+    readers: Sequence[Reader],
+    main_snapshot: Snapshot,
+    log_snapshot: Snapshot,
+    meta: dict[str, str],
+    fence: Fence,
+    result: FlushResult,
+    flush_id: str,
+    step: progress.Steps,
+) -> None:
+    """Steps 4-5 for a batch into buckets neither table holds a file of (a first
+    flush, or its later batches), on the driver: every live statement is new
+    and its translog row is its own, merged with nothing. Spark's tasks staged
+    the batch's rows a contiguous range of buckets per file (``readers``, in
+    order): each is sorted as a statements file and written as one (per
+    origin), a file per core at a time, so the driver holds a few files' rows;
+    then the translog (:func:`_write_new_translog`) and the change feed. The
+    commits, fences and fault points are the Spark path's (at 1M statements
+    its range sample, shuffle, sort and write of the new statements, then of
+    the translog rows, cost more than this whole step)."""
+    import pyarrow.compute as pc
+
+    main = ds.statements_table
+
+    def write(read: Reader) -> tuple[list[AddAction], pa.Table]:
+        """One staged file's statements file(s); its translog rows' columns."""
+        rows = read(list(dict.fromkeys([*STATEMENTS_SCHEMA.names, *TRANSLOG_SCHEMA.names])))
+        if rows["deleted_at"].null_count < rows.num_rows:
+            rows = rows.filter(pc.is_null(rows["deleted_at"]))
+        new = rows.select(STATEMENTS_SCHEMA.names)
+        new = new.take(pc.sort_indices(new, sort_keys=STATEMENTS_ORDER))
+        written = write_table(
+            new, main.uri, main.storage_options, STATEMENTS_SCHEMA, partition=STATEMENTS_PARTITION
+        )
+        return written, rows.select([*TRANSLOG_SCHEMA.names, "canonical_id"])
+
+    with ThreadPoolExecutor(max_workers=file_threads(len(readers))) as pool:
+        done = list(pool.map(write, readers))
+    actions = [action for written, _ in done for action in written]
+    step("wrote %d new statement files (on the driver)", len(actions))
+    faults.point("flush.after_parquet")
+    live = pa.concat_tables([rows for _, rows in done])
+    del done
+    published = _commit_statements(ds, main_snapshot, actions, meta, fence, result, live.num_rows)
+    step("committed statements")
+    faults.point("flush.after_statements_commit")
+    version = _write_new_translog(ds, live, log_snapshot, meta, fence, published)
+    step("wrote the translog (new rows only, on the driver)")
+    if version is not None:
+        result.translog_version = version
+        faults.point("flush.before_changes_commit")
+        dead = pc.is_valid(live["deleted_at"])
+        _record_changes_on_driver(ds, live, dead, version, published, flush_id, fence)
+        step("recorded the change feed (on the driver)")
+
+
+def _write_new_translog(
+    ds: DatasetContext,
+    rows: pa.Table,
+    snapshot: Snapshot,
+    meta: dict[str, str],
+    fence: Fence,
+    published: int | None,
+) -> int | None:
+    """The translog rows of a batch into buckets no file holds yet (a first flush),
+    one commit: the new statements' own rows, merged with nothing (what
+    :func:`_rewrite_translog_on_driver` makes of them), sorted as a file's rows
+    and cut into files of about :data:`TRANSLOG_FILE_ROWS`. Each file's rows are
+    taken from ``rows`` when it is written, so the driver holds the batch once,
+    not a sorted copy of it besides."""
+    import pyarrow.compute as pc
+
+    location = ds.translog_table
+    rows = rows.select(TRANSLOG_SCHEMA.names).cast(TRANSLOG_SCHEMA)
+    order = pc.sort_indices(rows, sort_keys=SORT_KEYS)
+    pieces = max(1, -(-rows.num_rows // TRANSLOG_FILE_ROWS))
+    size = max(1, -(-rows.num_rows // pieces))
+
+    def write(start: int) -> list[AddAction]:
+        part = rows.take(order.slice(start, size))
+        return write_table(
+            part, location.uri, location.storage_options, TRANSLOG_SCHEMA, prefix="translog"
+        )
+
+    with ThreadPoolExecutor(max_workers=file_threads(pieces)) as pool:
+        adds = [a for written in pool.map(write, range(0, rows.num_rows, size)) for a in written]
+    return _commit_translog(ds, snapshot, [], adds, meta, fence, published, only_new=True)
 
 
 def _record_changes_on_driver(

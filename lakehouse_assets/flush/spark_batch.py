@@ -15,6 +15,7 @@ from lakehouse_assets.flush import driver
 from lakehouse_assets.flush.commits import (
     KEY_SCHEMA,
     FlushResult,
+    Reader,
     _commit_changes,
     _commit_statements,
     _commit_translog,
@@ -35,7 +36,7 @@ from lakehouse_assets.tables.schemas import (
     STATEMENTS_SCHEMA,
     TRANSLOG_SCHEMA,
 )
-from lakehouse_assets.tables.snapshot import Snapshot, read_files
+from lakehouse_assets.tables.snapshot import DataFile, Snapshot, read_files
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -67,10 +68,11 @@ def _reduced_frame(
     batch: list[tuple[int, int]],
     staging_uri: str,
     reduced: pa.Table | None = None,
-) -> tuple[DataFrame, int, int, Callable[[], pa.Table]]:
+) -> tuple[DataFrame, int, int, list[Reader]]:
     """The batch's statements, reduced, as a DataFrame over staged Parquet, how
-    many, how many of them are tombstones, and a reader of their keys
-    (:data:`KEY_SCHEMA`) on the driver (from the staged files: no Spark job).
+    many, how many of them are tombstones, and readers of their columns on the
+    driver (no Spark job): one per staged file, each a contiguous range of
+    buckets, in order.
 
     Spark's tasks read and reduce the journal in parallel where they can open
     it (:mod:`spark.journal_source`) and the batch is larger than
@@ -97,15 +99,18 @@ def _reduced_frame(
             storage_options=options,
         )
 
-        def staged_keys() -> pa.Table:
-            return _key_table(read_files(files, REDUCED_SCHEMA, options, columns=KEY_SCHEMA.names))
+        def staged(file: DataFile) -> Reader:
+            return lambda columns: read_files(
+                [file], REDUCED_SCHEMA, options, columns=list(columns)
+            )
 
-        return frame, rows, deleted, staged_keys
+        return frame, rows, deleted, [staged(file) for file in files]
     if reduced is None:
         reduced = reduce_events(ds.journal.read_claimed(claim, [b for b, _ in batch]))
     deleted = reduced.num_rows - reduced.column("deleted_at").null_count
     frame = arrow_frame(spark, reduced, staging_uri, options)
-    return frame, reduced.num_rows, deleted, lambda: _key_table(reduced)
+    held = reduced
+    return frame, reduced.num_rows, deleted, [lambda columns: held.select(list(columns))]
 
 
 def _flush_batch(
@@ -142,16 +147,34 @@ def _flush_batch(
     spark = spark_session()
     main = ds.statements_table
     options = main.storage_options
-    reduced, statements, deleted, key_reader = _reduced_frame(
+    reduced, statements, deleted, readers = _reduced_frame(
         spark, ds, claim, batch, staging_uri, driver_read
     )
     step("read %d journal rows, reduced to %d statements", journal_rows, statements)
     # under the lock the latest version holds everything committed, published or not
     main_snapshot = Snapshot.load(main)
     main_files = main_snapshot.select(span)
+    log_snapshot = Snapshot.load(ds.translog_table)
+    if not main_files and not log_snapshot.select(span):
+        # nothing stored in these buckets (a first flush): every live statement is
+        # new and its translog row its own; the staged rows are written as they
+        # are, on the driver (no join, range sample, shuffle or sort for Spark)
+        driver._flush_new_buckets(
+            ds, readers, main_snapshot, log_snapshot, meta, fence, result, claim.flush_id, step
+        )
+        result.ignored_tombstones += deleted
+        result.superseded += journal_rows - statements
+        faults.point("flush.after_translog_commit")
+        result.journal_rows += journal_rows
+        result.batches += 1
+        return
     # the batch's keys, for probes of the row groups that can hold them (a small
     # batch into a large table reads a row group or two per entity, not the table)
-    keys = key_reader() if main_files and statements <= driver.PROBE_STATEMENTS else None
+    keys = (
+        _key_table(pa.concat_tables([read(KEY_SCHEMA.names) for read in readers]))
+        if main_files and statements <= driver.PROBE_STATEMENTS
+        else None
+    )
     if main_files:
         found = None
         if keys is not None:
@@ -248,6 +271,7 @@ def _flush_batch(
         staging_uri=staging_uri,
         keys=keys,
         result=result,
+        only_new=not counts["tombstones"] and not counts["duplicates"],
     )
     step("rewrote translog")
     if version is not None:
@@ -278,6 +302,7 @@ def rewrite_translog(
     staging_uri: str,
     keys: pa.Table | None = None,
     result: FlushResult | None = None,
+    only_new: bool = False,
 ) -> int | None:
     """Upsert translog rows: rewrite the files that hold them, in one commit.
 
@@ -345,7 +370,9 @@ def rewrite_translog(
     adds = write_files(
         merged, location.uri, options, TRANSLOG_SCHEMA, staging_uri=staging_uri, prefix="translog"
     )
-    return _commit_translog(ds, snapshot, old_files, adds, metadata, fence, publishes)
+    return _commit_translog(
+        ds, snapshot, old_files, adds, metadata, fence, publishes, only_new=only_new
+    )
 
 
 def record_changes(
