@@ -224,6 +224,7 @@ def export(
                 or versions.graph_unpublished(ds)
             ):
                 progress.stage("export %s: index.json and the version manifest", ds.name)
+                step = progress.Steps(log, f"export {ds.name}")
                 statistics = tags.get(cv.EXPORTS_STATISTICS)
                 # the version describes what this pass exported (or, when every
                 # export was fresh, the latest snapshot, which they render)
@@ -237,6 +238,7 @@ def export(
                     written=result.written,
                     changed_lines=changed_lines,
                 )
+                step("index.json and the version manifest written")
             else:
                 result.skipped.append(INDEX)
         result.seconds = time.monotonic() - clock
