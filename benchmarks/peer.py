@@ -450,6 +450,9 @@ def ours(root: Path, data: Path, ids: Path, cache: Path, remote: str | None) -> 
         LAKEHOUSE_LAKE_URI=str(lake),
         LAKEHOUSE_JOURNAL_URL=url,
         LAKEHOUSE_CACHE_DIR=str(cache),
+        # the code of the checkout this script is in (a worktree's), not whichever
+        # checkout the venv's editable install points at
+        PYTHONPATH=str(HERE.parent),
     )
     if remote:
         env["LAKEHOUSE_SPARK_REMOTE"] = remote
