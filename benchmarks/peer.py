@@ -17,6 +17,11 @@ beside it) and each step as its own process:
    each get timed inside the process (median, p95 and the first one);
 6. query with a filter (schema=Company): one process, results counted.
 
+Beside the totals the report splits our flush and exports into their phases:
+the step timings our CLI logs with ``-v`` (median over the rounds), and the rest
+of the step's wall time (process start, imports, untimed work). The peer runs
+at its ``warning`` log level, where it times no phases: its steps show as totals.
+
 Wall time of each step is taken by this process from start to exit of the
 child, so interpreter start-up, imports and (cold) the Spark JVM count, as they
 do for a user running the command. Peak memory is the highest resident set of
@@ -49,6 +54,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -444,11 +450,15 @@ def ours(root: Path, data: Path, ids: Path, cache: Path, remote: str | None) -> 
         LAKEHOUSE_LAKE_URI=str(lake),
         LAKEHOUSE_JOURNAL_URL=url,
         LAKEHOUSE_CACHE_DIR=str(cache),
+        # the code of the checkout this script is in (a worktree's), not whichever
+        # checkout the venv's editable install points at
+        PYTHONPATH=str(HERE.parent),
     )
     if remote:
         env["LAKEHOUSE_SPARK_REMOTE"] = remote
     cli = [lakehouse_cli(), "--lake", str(lake), "--journal-url", url]
     on = [*cli, "-d", DATASET]
+    timed = [*cli, "-v", "-d", DATASET]  # -v: the step timings the report shows as phases
     return System(
         name=OURS,
         root=root,
@@ -457,8 +467,8 @@ def ours(root: Path, data: Path, ids: Path, cache: Path, remote: str | None) -> 
         cli=on,
         commands={
             "write": [*on, "entities", "write", "-i", str(data), "-o", ORIGIN],
-            "flush": [*on, "flush"],
-            "exports": [*on, "export", "--force"],
+            "flush": [*timed, "flush"],
+            "exports": [*timed, "export", "--force"],
             "optimize": [*on, "optimize"],
             "get": [sys.executable, "-c", OURS_GET, DATASET, str(ids)],
             "query": [*on, "query", "-s", "Company"],
@@ -578,6 +588,8 @@ class StepResult:
     memory: int  # peak RSS to report (client tree, plus the server's when warm)
     figures: dict[str, float] = field(default_factory=dict)
     problem: str | None = None  # a step that exited 0 but whose output makes no sense
+    #: (label, seconds) of each phase the step's log timed (ours: the ``-v`` steps)
+    phases: list[tuple[str, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -624,6 +636,23 @@ def step_figures(step: str, done: Run) -> tuple[dict[str, float], str | None]:
         problem = None if found == len(times) else f"found {found} of {len(times)} ids"
         return figures, problem
     return {}, None
+
+
+#: A step timing of our ``-v`` log (:class:`lakehouse_assets.progress.Steps`):
+#: ``  12.3s info lakehouse_assets.flush.spark_batch: flush bench: wrote 5 files (4.20 s)``
+PHASE_LINE = re.compile(
+    r"^\s*[\d.]+s (?:info [\w.]+: )?(?:flush|export|make) [^:\s]+: (?P<label>.+) "
+    r"\((?P<seconds>[\d.]+) s\)$"
+)
+
+
+def step_phases(done: Run) -> list[tuple[str, float]]:
+    """The phases a step's log timed, in order (none where it logs no timings)."""
+    found = []
+    for line in done.stderr.read_text(errors="replace").splitlines():
+        if match := PHASE_LINE.match(line):
+            found.append((match["label"], float(match["seconds"])))
+    return found
 
 
 def run_round(
@@ -675,7 +704,8 @@ def run_round(
             )
             memory = done.peak_rss_with_others if name == OURS else done.peak_rss
             figures, problem = step_figures(step, done) if done.ok else ({}, None)
-            outcome = StepResult(done, memory, figures, problem)
+            phases = step_phases(done) if done.ok else []
+            outcome = StepResult(done, memory, figures, problem, phases)
             result.steps.setdefault(name, {})[step] = outcome
             status = "ok" if done.ok else f"FAILED (exit {done.returncode})"
             say(
@@ -747,6 +777,41 @@ def rows() -> Iterator[tuple[str, str, Figure, tuple[str, ...]]]:
         yield f"peak RSS {STEP_LABELS[step]} [MiB]", "{:.0f}", memory_of(step), (step,)
 
 
+def phase_report(rounds: Sequence[Round], only: Sequence[str]) -> list[str]:
+    """Each system's flush and exports split into the phases its log timed
+    (median over the rounds, numbers in a label shown as #), beside the step's
+    total; ``(rest)`` is what no phase covers: process start, imports, the JVM's
+    start where no phase times it, work between the timed steps."""
+    lines: list[str] = []
+    for name in only:
+        for step in ("flush", "exports"):
+            results = [r.steps.get(name, {}).get(step) for r in rounds]
+            done = [res for res in results if res is not None and res.run.ok]
+            if not done or not any(res.phases for res in done):
+                continue
+            order: list[str] = []
+            values: dict[str, list[float]] = {}
+            rests: list[float] = []
+            for res in done:
+                summed: dict[str, float] = {}
+                for label, seconds in res.phases:
+                    key = re.sub(r"\d[\d,.]*", "#", label)
+                    if key not in summed and key not in order:
+                        order.append(key)
+                    summed[key] = summed.get(key, 0.0) + seconds
+                for key, seconds in summed.items():
+                    values.setdefault(key, []).append(seconds)
+                rests.append(res.run.seconds - sum(summed.values()))
+            total = median([res.run.seconds for res in done]) or 0.0
+            lines.append(f"{name} {STEP_LABELS[step]:<55} {total:8.2f} s")
+            for key in order:
+                lines.append(f"  {key[:60]:<60} {median(values[key]) or 0.0:8.2f}")
+            lines.append(
+                f"  {'(rest: start-up, imports, untimed work)':<60} {median(rests) or 0.0:8.2f}"
+            )
+    return lines
+
+
 def median(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
@@ -798,6 +863,12 @@ def report(
     if partial:
         print("* the median of the rounds in which the step did not fail")
     print()
+    phases = phase_report(rounds, only)
+    if phases:
+        print("phases [s] (median of the rounds; ours: the `-v` step timings):")
+        for line in phases:
+            print(line)
+        print()
     if warm:
         print(
             "peak RSS of ours = client process tree + Spark Connect server tree; "

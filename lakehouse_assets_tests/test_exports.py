@@ -471,7 +471,7 @@ def test_the_export_is_the_same_bytes_on_one_partition_and_on_several(
     """A small dataset's pass runs in one partition without a shuffle; a large
     one is range-partitioned by entity. Both give the same bytes, with copies of
     a statement in two origins, merged entities and a caption pick among them."""
-    from lakehouse_assets import exports
+    from lakehouse_assets import export_pass
     from lakehouse_assets.spark import session
 
     ds = local_lake.create_dataset("partitioned")
@@ -482,13 +482,13 @@ def test_the_export_is_the_same_bytes_on_one_partition_and_on_several(
                 bulk.add_entity(e)
     paths = [cv.dataset_path(ds.name, p) for p in EXPORT_FILES]
     planned: list[int] = []
-    real = exports.partitions_for
+    real = export_pass.partitions_for
 
     def spy(*args: Any) -> int:
         planned.append(real(*args))
         return planned[-1]
 
-    monkeypatch.setattr(exports, "partitions_for", spy)
+    monkeypatch.setattr(export_pass, "partitions_for", spy)
     statements = acknowledged(ds)
     ds.make()
     one = [ds.store.read_bytes(p) for p in paths]
@@ -500,6 +500,54 @@ def test_the_export_is_the_same_bytes_on_one_partition_and_on_several(
     want = [e.to_dict() for e in expected_entities(ds.name, statements)]
     got = [orjson.loads(line) for line in one[1].splitlines()]
     assert [normal(g) for g in got] == [normal(w) for w in want]
+
+
+def test_a_first_build_skips_the_join_with_the_same_bytes(
+    spark: SparkSession, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 49: where the translog changes no stored row (a first build) the pass
+    reads the main table as the live statements, without the join: the same
+    bytes as with it, and as followthemoney's; once a row's seen range widens,
+    the join is back and gives the widened range."""
+    from lakehouse_assets.tables import spark_io
+
+    ds = local_lake.create_dataset("first_build")
+    add_awkward_entities(ds)
+    for origin in ("crawl", "registry"):
+        with ds.bulk(origin=origin) as bulk:
+            for e in input_entities()[:60]:
+                bulk.add_entity(e)
+    statements = acknowledged(ds)
+    paths = [cv.dataset_path(ds.name, p) for p in EXPORT_FILES]
+    joined: list[bool] = []
+    real = spark_io.main_is_live
+
+    def spy(*args: Any) -> bool:
+        joined.append(not real(*args))
+        return not joined[-1]
+
+    monkeypatch.setattr(spark_io, "main_is_live", spy)
+    ds.make()
+    skipped = [ds.store.read_bytes(p) for p in paths]
+    assert joined and not any(joined)
+    monkeypatch.setattr(spark_io, "main_is_live", lambda *args: False)
+    ds.make(force=True)
+    assert [ds.store.read_bytes(p) for p in paths] == skipped
+    want = [e.to_dict() for e in expected_entities(ds.name, statements)]
+    got = [orjson.loads(line) for line in skipped[1].splitlines()]
+    assert [normal(g) for g in got] == [normal(w) for w in want]
+
+    monkeypatch.setattr(spark_io, "main_is_live", spy)
+    entity = input_entities()[0]
+    ds.add_entity(entity, origin="crawl")  # written again: a later last_seen
+    ds.make(force=True)
+    assert joined[-1] is True
+    lines = ds.store.read_bytes(paths[1]).splitlines()
+    again = next(orjson.loads(x) for x in lines if orjson.loads(x)["id"] == entity["id"])
+    before = next(
+        orjson.loads(x) for x in skipped[1].splitlines() if orjson.loads(x)["id"] == entity["id"]
+    )
+    assert again["last_seen"] > before["last_seen"]
 
 
 def test_ranged_coalesces_only_a_small_input_wanted_in_one_partition(

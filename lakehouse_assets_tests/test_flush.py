@@ -183,7 +183,7 @@ def test_flush_in_many_batches_equals_one_batch(
 ) -> None:
     """Batches, and tasks within a batch (a task reads at most ``TASK_ROWS``
     journal rows, whole buckets), cut the work, never the result."""
-    from lakehouse_assets import flush
+    from lakehouse_assets.flush import spark_batch
     from lakehouse_assets.spark import journal_source
 
     one = local_lake.create_dataset("one_batch")
@@ -197,7 +197,7 @@ def test_flush_in_many_batches_equals_one_batch(
     r2 = many.flush(batch_rows=10)
     assert r1.batches == 1 and r2.batches > 3
     assert r1.new == r2.new
-    monkeypatch.setattr(flush, "TASK_ROWS", 3)
+    monkeypatch.setattr(spark_batch, "TASK_ROWS", 3)
     monkeypatch.setattr(local_lake.settings, "flush_driver_rows", 0)  # tasks read it
     staged: list[int] = []
     real = journal_source.journal_frame
@@ -484,7 +484,7 @@ def test_the_scan_and_the_probe_find_the_same_stored_statements(
     row groups on the driver (a table of up to ``PROBE_ROWS`` statements, or a
     small share of a larger one) or by a Spark scan of its buckets: a flush of
     the same events takes the same decisions either way."""
-    from lakehouse_assets import flush
+    from lakehouse_assets.flush import driver
 
     entities = sample_entities()
     person = next(e for e in entities if e["schema"] == "Person")
@@ -506,7 +506,7 @@ def test_the_scan_and_the_probe_find_the_same_stored_statements(
         )
 
     probed = run("probed")
-    monkeypatch.setattr(flush, "PROBE_STATEMENTS", 0)  # no keys: the scan of old
+    monkeypatch.setattr(driver, "PROBE_STATEMENTS", 0)  # no keys: the scan of old
     scanned = run("scanned")
     assert probed[0][1] != (0,) and scanned[0][1] == (0,)  # each took its path
     assert probed[0][0] == scanned[0][0] and probed[1] == scanned[1]
@@ -607,7 +607,7 @@ def test_the_driver_and_spark_flush_a_batch_alike(
     tenants; deletes happen at different instants), the same change feed and
     the same counts: re-writes that widen the seen range, deletes then
     re-adds, two origins, tombstones of statements never stored."""
-    from lakehouse_assets import flush as flush_module
+    from lakehouse_assets.flush import driver as flush_module
     from lakehouse_assets.tables.schemas import CHANGES_SCHEMA
     from lakehouse_assets.tables.snapshot import read_files
 
@@ -691,7 +691,7 @@ def test_a_change_spread_over_every_file_is_merged_on_the_driver_up_to_its_bound
     translog file. Up to ``flush_driver_merge_rows`` stored rows the driver
     merges it, file by file and a batch of rows at a time (no Spark job);
     beyond, Spark does. Both give the same tables, counts and change feed."""
-    from lakehouse_assets import flush as flush_module
+    from lakehouse_assets.flush import driver as flush_module
     from lakehouse_assets.settings import Settings
     from lakehouse_assets.tables import parquet_files, probe
     from lakehouse_assets.tables.schemas import CHANGES_SCHEMA
@@ -757,3 +757,35 @@ def test_a_change_spread_over_every_file_is_merged_on_the_driver_up_to_its_bound
     assert driver[1][3] == 3  # every translog file merged again
     assert driver[1:] == spark_run[1:]
     assert driver[1][0] > 0 and driver[1][1] > 0 and driver[1][2] > 0
+
+
+def test_the_translog_says_while_it_changes_no_stored_row(
+    spark: SparkSession, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 49: flushes that only store new statements (a first build, by Spark's
+    tasks and the driver, or by the driver alone) mark their translog commits
+    (``main_is_live``: readers skip the join); a duplicate or a delete ends it,
+    for good, and a published version's commit in between changes nothing."""
+    from lakehouse_assets.tables.translog import main_is_live
+
+    def live(ds: Any) -> bool:
+        return main_is_live(ds.translog_table, Snapshot.load(ds.translog_table).version)
+
+    entities = sample_entities()
+    for name, driver_rows in (("by_tasks", 0), ("by_driver", 10**6)):
+        monkeypatch.setattr(local_lake.settings, "flush_driver_rows", driver_rows)
+        ds = local_lake.create_dataset(name)
+        assert live(ds)  # no translog: nothing to change
+        for e in entities[: len(entities) // 2]:
+            ds.add_entity(e, origin="import")
+        first = ds.flush()
+        assert first.new > 0 and live(ds)
+        for e in entities[len(entities) // 2 :]:  # new statements only, in stored buckets
+            ds.add_entity(e, origin="import")
+        assert ds.flush().duplicates == 0 and live(ds)
+        ds.make()  # publishes a version: a translog commit without data
+        assert live(ds)
+        ds.add_entity(entities[0], origin="import")  # written again: its seen range widens
+        assert ds.flush().duplicates > 0 and not live(ds)
+        ds.add_entity({"id": "later", "schema": "Person", "properties": {"name": ["Later"]}})
+        assert ds.flush().new > 0 and not live(ds)  # not again, once a row was changed

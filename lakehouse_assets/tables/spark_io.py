@@ -53,6 +53,7 @@ from lakehouse_assets.tables.schemas import (
     physical_schema,
 )
 from lakehouse_assets.tables.snapshot import DataFile, arrow_filesystem
+from lakehouse_assets.tables.translog import main_is_live
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -422,7 +423,12 @@ def live_frame(
     spark: SparkSession, ds: DatasetContext, snapshot: DatasetSnapshot | None = None
 ) -> DataFrame:
     """Live statements of one snapshot: main rows not deleted in the translog,
-    seen range from it."""
+    seen range from it.
+
+    Where the translog changes no main row (:func:`.translog.main_is_live`: a
+    first build, or flushes of new statements only) the main rows are the live
+    ones as they are: the join with the translog, which shuffles both tables,
+    is skipped (at 1M statements it was the largest step of an export)."""
     from pyspark.sql import functions as F
 
     snapshot = snapshot or ds.snapshot()
@@ -434,6 +440,9 @@ def live_frame(
         options,
         partition=STATEMENTS_PARTITION,
     )
+    kept = [c for c in STATEMENT_FIELDS if c not in ("first_seen", "last_seen")]
+    if main_is_live(snapshot.translog.location, snapshot.translog.version):
+        return main.select(*kept, "first_seen", "last_seen", "bucket", "origin")
     log = read_snapshot(spark, snapshot.translog.files, TRANSLOG_SCHEMA, options).select(
         "origin",
         "id",
@@ -445,7 +454,7 @@ def live_frame(
         main.join(log, ["origin", "id"], "left")
         .where(F.col("deleted_at").isNull())
         .select(
-            *[c for c in STATEMENT_FIELDS if c not in ("first_seen", "last_seen")],
+            *kept,
             F.coalesce("t_first", "first_seen").alias("first_seen"),
             F.coalesce("t_last", "last_seen").alias("last_seen"),
             "bucket",

@@ -10,10 +10,16 @@ same updates twice gives the same rows, which makes a retried flush safe.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakehouse_assets.tables.schemas import TRANSLOG_SCHEMA
+from lakehouse_assets.tables.writers import commit_actions
+
+if TYPE_CHECKING:
+    from lakehouse_assets.tables.delta import DeltaLocation
 
 #: the columns that keep the stored row's value (its first write)
 _EARLIEST = ("first_tenant", "first_write")
@@ -72,3 +78,47 @@ def _joined(stored: pa.Table, updates: pa.Table) -> pa.Table:
 
 def _sorted(rows: pa.Table) -> pa.Table:
     return rows.take(pc.sort_indices(rows, sort_keys=SORT_KEYS))
+
+
+#: A translog commit's metadata key, ``"true"`` when after it every translog row
+#: holds its statement's stored seen range and no tombstone: the commit (and every
+#: data commit before it) only added the rows of statements stored new by the
+#: same flush, which a flush takes from the rows it appends to the main table.
+#: The live statements are then the main table's rows as they are, and a reader
+#: skips its join with the translog (:func:`main_is_live`).
+MAIN_IS_LIVE_KEY = "lakehouse.main_is_live"
+
+#: How many commits :func:`main_is_live` reads back at most to find the last one
+#: that changed data (the commits between are published versions, adoptions,
+#: optimizes): beyond it, the reader joins.
+MAIN_IS_LIVE_LOOKBACK = 64
+
+
+def main_is_live(location: DeltaLocation, version: int | None) -> bool:
+    """True if the translog at ``version`` changes none of the main table's rows
+    (:data:`MAIN_IS_LIVE_KEY` on its last commit that changed data): its join
+    with the main table is an identity. False when in doubt: a commit without
+    the key (another writer's, a compaction's, a flush that widened a seen
+    range or deleted), a commit log entry gone, an adoption of another
+    writer's statements (which may have changed stored rows), or more than
+    :data:`MAIN_IS_LIVE_LOOKBACK` commits without data to read back through.
+    An absent table (``None``) holds no row to change."""
+    if version is None:
+        return True
+    for at in range(version, max(-1, version - MAIN_IS_LIVE_LOOKBACK), -1):
+        actions = commit_actions(location, at)
+        if actions is None:
+            return False
+        info: dict[str, Any] = {}
+        changes_data = False
+        for action in actions:
+            if isinstance(action.get("commitInfo"), dict):
+                info = action["commitInfo"]
+            for kind in ("add", "remove"):
+                if isinstance(action.get(kind), dict) and action[kind].get("dataChange", True):
+                    changes_data = True
+        if info.get("lakehouse.operation") == "adopt":
+            return False
+        if changes_data:
+            return str(info.get(MAIN_IS_LIVE_KEY)) == "true"
+    return False
