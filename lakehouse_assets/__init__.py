@@ -33,7 +33,7 @@ this with import-linter (the contract in ``setup.cfg``, ``[importlinter]``):
    :mod:`.access`, :mod:`.tables` (the Delta tables), :mod:`.locks`,
    :mod:`.tags`, :mod:`.jobs`, :mod:`.entities`, :mod:`.queue_ledger` (the
    queue's table in the journal's database, which it creates on first use);
-5. storage: :mod:`.journal`, :mod:`.storage`; :mod:`.journal_sqlite`;
+5. storage: :mod:`.journal`, :mod:`.storage`; :mod:`.journal_sqlite`, :mod:`.journal_rows`;
 6. ground: :mod:`.conventions` (the lake's layout), :mod:`.settings`,
    :mod:`.bounded`, :mod:`.faults`, :mod:`.progress`, :mod:`.preload`; then
    :mod:`.journal_urls`; then :mod:`.errors`.
