@@ -244,14 +244,26 @@ def test_a_dataset_option_that_is_not_utf8_is_one_line(local_lake: Lakehouse) ->
 # --- misleading messages ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("uri", ["ftp://example.org/lake", "http://127.0.0.1:9/lake"])
-def test_an_unsupported_lake_scheme_is_named_up_front(tmp_path: Path, uri: str) -> None:
+def test_an_unsupported_lake_scheme_is_named_up_front(tmp_path: Path) -> None:
     """Before: "no lake at …: create one with datasets create", and then ``datasets
     create`` said the scheme is unsupported."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE_")}
     for args in (["datasets", "list"], ["-d", "x", "get", "e1"], ["datasets", "create", "x"]):
-        line = one_line_error(lakehouse("--lake", uri, *args, env=env))
+        line = one_line_error(lakehouse("--lake", "ftp://example.org/lake", *args, env=env))
         assert "Unsupported lake URI" in line and "datasets create" not in line
+
+
+def test_an_http_lake_says_what_runs_over_http_and_what_it_needs(tmp_path: Path) -> None:
+    """An http(s) lake is a server (the CLI over HTTP): a lake command names itself as
+    one that needs the storage, a tenant command without a token says how to get one;
+    neither suggests creating a lake there."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE_")}
+    uri = "http://127.0.0.1:9/lake"
+    for args in (["datasets", "list"], ["datasets", "create", "x"]):
+        line = one_line_error(lakehouse("--lake", uri, *args, env=env))
+        assert f"`lakehouse {' '.join(args[:2])}` works on the lake's storage itself" in line
+    line = one_line_error(lakehouse("--lake", uri, "-d", "x", "get", "e1", env=env))
+    assert "needs a token: set LAKEHOUSE_TOKEN" in line and "datasets create" not in line
 
 
 def test_trace_of_an_unknown_id_fails(local_lake: Lakehouse) -> None:
