@@ -23,7 +23,6 @@ mid-export leaves the previous file as it was.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import tempfile
@@ -252,20 +251,9 @@ def _run_pass(
         step("parts joined and hashed")
         if STATISTICS in kinds:
             # after the writes: ftmq's import ran while Spark wrote them
-            stats = counted.dataset_stats()
-            text = ftm_sql.stats_json(stats)
-            path = cv.dataset_path(ds.name, cv.STATISTICS_JSON)
-            ds.store.write_text(path, text)
-            ds.store.write_text(cv.dataset_version(ds.name, "statistics.json", cv.utcnow()), text)
-            data = text.encode("utf-8")
-            out[STATISTICS] = {
-                "rows": stats.entity_count,
-                "path": cv.STATISTICS_JSON,
-                "size": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "sha1": hashlib.sha1(data, usedforsecurity=False).hexdigest(),
-                "stats": json.loads(text),
-            }
+            out[STATISTICS] = export_state.write_statistics(
+                ds.store, ds.name, counted.dataset_stats()
+            )
         if spark_index is not None and chunks is not None:
             files = {
                 k: {x: out[k][x] for x in ("path", "size", "sha256")}

@@ -37,6 +37,7 @@ from lakehouse_assets.tables.snapshot import DatasetSnapshot
 
 if TYPE_CHECKING:
     from lakehouse_assets.context import DatasetContext
+    from lakehouse_assets.storage import Store
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +262,24 @@ def state_digests(ds: DatasetContext) -> dict[str, Any] | None:
         "sha256": hashlib.sha256(raw).hexdigest(),
         "index_file": index_file,
         "index_sha256": index_sha,
+    }
+
+
+def write_statistics(store: Store, dataset: str, stats: Any) -> dict[str, Any]:
+    """Write ``statistics.json`` (and its dated copy) from ftmq's ``DatasetStats``;
+    what the export records of it (rows, size, hashes, the statistics). One
+    writer for the full pass and the incremental one, so their files agree."""
+    text = ftm_sql.stats_json(stats)
+    store.write_text(cv.dataset_path(dataset, cv.STATISTICS_JSON), text)
+    store.write_text(cv.dataset_version(dataset, "statistics.json", cv.utcnow()), text)
+    data = text.encode("utf-8")
+    return {
+        "rows": stats.entity_count,
+        "path": cv.STATISTICS_JSON,
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "sha1": hashlib.sha1(data, usedforsecurity=False).hexdigest(),
+        "stats": json.loads(text),
     }
 
 

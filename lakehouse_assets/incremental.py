@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 import logging
 import os
 import queue
@@ -63,6 +62,7 @@ from lakehouse_assets.export_state import (
     ExportState,
     Trusted,
     _untrusted,
+    write_statistics,
 )
 from lakehouse_assets.freshness import ENTITIES as ENTITIES_KIND
 from lakehouse_assets.freshness import STATEMENTS as STATEMENTS_KIND
@@ -597,18 +597,8 @@ def refresh(
                 "bytes_carried": moved,
                 **common,
             }
-        stats = counted.dataset_stats()
-        text = ftm_sql.stats_json(stats)
-        store.write_text(cv.dataset_path(ds.name, cv.STATISTICS_JSON), text)
-        store.write_text(cv.dataset_version(ds.name, "statistics.json", cv.utcnow()), text)
-        data = text.encode("utf-8")
         written[STATISTICS_KIND] = {
-            "rows": stats.entity_count,
-            "path": cv.STATISTICS_JSON,
-            "size": len(data),
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "sha1": hashlib.sha1(data, usedforsecurity=False).hexdigest(),
-            "stats": json.loads(text),
+            **write_statistics(store, ds.name, counted.dataset_stats()),
             **common,
         }
         faults.point("export.before_state")
