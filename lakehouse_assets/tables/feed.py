@@ -168,10 +168,12 @@ def statements_changed(
     limit: int,
 ) -> pa.Table | None:
     """The statements (``origin``, ``id``, ``canonical_id``, unique) the flushes of
-    translog versions ``since`` (excluded) to ``until`` made live or dead: the
-    only ones whose translog rows differ between the two versions. None on a
-    gap (see :func:`changes_between`) or when more than ``limit`` (the caller's
-    full path is then the cheaper read)."""
+    translog versions ``since`` (excluded) to ``until`` made live or dead: every
+    statement whose translog row differs between the two versions, and no other
+    but one written again within the second it was last seen (seen times have
+    one-second resolution, so its row did not move; a re-render of its entity
+    changes nothing). None on a gap (see :func:`changes_between`) or when more
+    than ``limit`` (the caller's full path is then the cheaper read)."""
     rows = _feed_rows(changes, translog, since, until, ["origin", "id", "canonical_id"])
     if isinstance(rows, str):
         return None
