@@ -17,7 +17,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
@@ -50,6 +50,10 @@ def describe_setting_errors(exc: ValidationError) -> str:
             message += f" (got {shown[:60]}{'...' if len(shown) > 60 else ''})"
         parts.append(f"{where}: {message}")
     return "; ".join(parts)
+
+
+#: a DuckDB memory size (more than nothing: DuckDB with no memory fails every query)
+MEMORY_SIZE = r"^([1-9][0-9]*(\.[0-9]+)?|0\.[0-9]*[1-9][0-9]*)\s*(KB|MB|GB|KiB|MiB|GiB)$"
 
 
 class Settings(BaseSettings):
@@ -161,7 +165,7 @@ class Settings(BaseSettings):
         # live count 0.2 s
         default="128MB",
         # more than nothing: DuckDB with no memory fails every query it is given
-        pattern=r"^([1-9][0-9]*(\.[0-9]+)?|0\.[0-9]*[1-9][0-9]*)\s*(KB|MB|GB|KiB|MiB|GiB)$",
+        pattern=MEMORY_SIZE,
         description=(
             "The memory limit of DuckDB where it works on whole tables in this process "
             "(the graph index's rebuild, a version's diff and live count), spilling to a "
@@ -205,6 +209,35 @@ class Settings(BaseSettings):
             "An incremental export whose changed entities hold at most this many live "
             "statements makes their lines on the driver (no Spark job, no JVM to start); "
             "more, with Spark."
+        ),
+    )
+    export_engine: Literal["auto", "duckdb", "spark"] = Field(
+        default="auto",
+        description=(
+            "What makes a full export pass: `duckdb` (on the driver, this process: no "
+            "JVM, no Spark tasks), `spark` (Spark's plan, on its local JVM or the "
+            "cluster), or `auto`: DuckDB for a snapshot of at most "
+            "export_duckdb_max_statements statements, Spark beyond. Both write the "
+            "same bytes."
+        ),
+    )
+    export_duckdb_max_statements: int = Field(
+        # 1M statements (benchmarks/peer.py, cold): DuckDB's pass in one process
+        # against Spark's JVM start, plan and tasks; see docs/benchmarks.md
+        default=25_000_000,
+        ge=0,
+        le=2**40,
+        description=(
+            "With export_engine `auto`, the largest snapshot (statements in its files, "
+            "before deletes) whose full export pass DuckDB makes on the driver."
+        ),
+    )
+    export_duckdb_memory_limit: str = Field(
+        default="1GB",
+        pattern=MEMORY_SIZE,
+        description=(
+            "DuckDB's memory limit in a full export pass on the driver; its sorts and "
+            "aggregations spill to a temporary folder beyond it."
         ),
     )
     vacuum_retention_hours: int = Field(

@@ -27,9 +27,12 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def bounded_duckdb(settings: Settings, *, threads: int = 2) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A DuckDB connection held to ``settings.duckdb_memory_limit``, its database
-    and spill files in a temporary folder removed with it."""
+def bounded_duckdb(
+    settings: Settings, *, threads: int = 2, memory_limit: str | None = None
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A DuckDB connection held to ``memory_limit`` (``settings.duckdb_memory_limit``
+    unless given), its database and spill files in a temporary folder removed
+    with it."""
     import duckdb  # 0.2 s: imported by the step that uses it, not by every reader
 
     with tempfile.TemporaryDirectory(prefix="lakehouse-duckdb-") as spill:
@@ -38,7 +41,7 @@ def bounded_duckdb(settings: Settings, *, threads: int = 2) -> Iterator[duckdb.D
         con = duckdb.connect(
             f"{spill}/work.duckdb",
             config={
-                "memory_limit": settings.duckdb_memory_limit,
+                "memory_limit": memory_limit or settings.duckdb_memory_limit,
                 "threads": threads,
                 "temp_directory": spill,
                 # a sort or join beyond the limit spills instead of keeping input order

@@ -47,6 +47,8 @@ class DataFile:
     partition_values: Mapping[str, str | None]
     min_bucket: int | None
     max_bucket: int | None
+    #: rows of the file (the log's ``numRecords``; None where it has no stats)
+    num_records: int | None = None
 
     def overlaps(self, buckets: tuple[int, int] | None) -> bool:
         """Could this file hold rows of the bucket range (stats-based pruning)?"""
@@ -90,6 +92,7 @@ class Snapshot:
                     partition_values=parts,
                     min_bucket=action.get("min.bucket"),
                     max_bucket=action.get("max.bucket"),
+                    num_records=action.get("num_records"),
                 )
             )
         return cls(location, table.version(), tuple(sorted(files, key=lambda f: f.uri)))
