@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets import export_state, faults, incremental, progress, staging
+from lakehouse_assets import export_duckdb, export_state, faults, incremental, progress, staging
 from lakehouse_assets.freshness import ENTITIES, STATEMENTS, STATISTICS
 from lakehouse_assets.query import SORT, csv_header, string_data
 from lakehouse_assets.spark import ftm_sql
@@ -157,6 +157,18 @@ def _assemble(
     store.put_file(cv.dataset_path(ds.name, target), Path(tmp_name))
     faults.point("export.after_replace")
     return _Written(target, size, digest.hexdigest(), sha1.hexdigest())
+
+
+def full_pass(
+    ds: DatasetContext, kinds: frozenset[str], snapshot: DatasetSnapshot
+) -> dict[str, dict[str, Any]]:
+    """The full pass over one snapshot by the engine ``export_engine`` names for
+    it: DuckDB on the driver (:mod:`.export_duckdb`) or Spark (below); the same
+    files either way."""
+    if export_duckdb.takes_pass(ds, snapshot):
+        progress.stage("export %s: the full pass in DuckDB, on the driver", ds.name)
+        return export_duckdb.run_pass(ds, kinds, snapshot)
+    return _run_pass(ds, kinds, snapshot)
 
 
 @progress.part("exports")

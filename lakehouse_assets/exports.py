@@ -32,7 +32,7 @@ from followthemoney.dataset.resource import DataResource
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import incremental, progress, staging
 from lakehouse_assets.errors import LockedError
-from lakehouse_assets.export_pass import _run_pass
+from lakehouse_assets.export_pass import full_pass
 from lakehouse_assets.flush import flush_for_reading
 from lakehouse_assets.freshness import (  # the export kinds and their rule live there
     ENTITIES,
@@ -197,7 +197,7 @@ def export(
                 result.written.update(refreshed.written)
                 changed_lines = refreshed.lines
             else:
-                result.written.update(_run_pass(ds, spark_kinds, snapshot))
+                result.written.update(full_pass(ds, spark_kinds, snapshot))
                 for done in result.written.values():
                     done.update(mode="full", reason=result.reason)
             for kind in sorted(spark_kinds):

@@ -54,7 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets import faults, progress, staging
+from lakehouse_assets import export_duckdb, faults, progress, staging
 from lakehouse_assets.entity_lines import entity_rows
 from lakehouse_assets.export_state import (
     INDEX_SCHEMA,
@@ -184,8 +184,9 @@ def _changed_rows(
 ) -> pa.Table:
     """Lines and contributions of the changed entities that are still live
     (:data:`INDEX_SCHEMA` plus ``csv`` and ``json`` text), sorted by canonical id:
-    made on the driver for a change of at most ``export_driver_statements`` live
-    statements (:mod:`.entity_lines`), by Spark otherwise."""
+    made in Python for a change of at most ``export_driver_statements`` live
+    statements (:mod:`.entity_lines`), by DuckDB otherwise (:mod:`.export_duckdb`),
+    or by Spark where ``export_engine`` says so."""
 
     if not entity_ids:  # (no ids would make live_statements read every entity)
         return _empty_rows()
@@ -195,6 +196,11 @@ def _changed_rows(
     origins = {f.partition_values.get(STATEMENTS_PARTITION) for f in snapshot.statements.files}
     if live.num_rows <= ds.settings.export_driver_statements:
         rows = entity_rows(live, origins=len(origins), columns=SPARK_INDEX_COLUMNS)
+    elif ds.settings.export_engine != "spark":
+        # the changed statements are in this process already: DuckDB, not a Spark job
+        rows = export_duckdb.entity_rows(
+            live, origins=len(origins), settings=ds.settings, dataset=ds.name
+        )
     else:
         rows = _changed_rows_spark(ds, live, len(origins), staging_uri)
     json_bytes = pc.binary_length(pc.cast(rows.column("json"), pa.binary()))

@@ -203,6 +203,7 @@ def lakehouse_env(lake: Lakehouse, **extra: str) -> dict[str, str]:
     for key, setting in (
         ("LAKEHOUSE_FLUSH_DRIVER_ROWS", s.flush_driver_rows),
         ("LAKEHOUSE_EXPORT_DRIVER_STATEMENTS", s.export_driver_statements),
+        ("LAKEHOUSE_EXPORT_ENGINE", s.export_engine),
     ):
         if key not in extra:
             env[key] = str(setting)
@@ -401,9 +402,14 @@ def spark(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
         os.environ["LAKEHOUSE_SPARK_CONFIG"] = json.dumps(on.spark_config)
     else:
         os.environ.pop("LAKEHOUSE_SPARK_REMOTE", None)
+    if SPARK_MODE != "connect":
+        # the data-plane group again, with the full export pass on Spark's plan (the
+        # main run's lakes take DuckDB's at their size: both engines are tested)
+        os.environ["LAKEHOUSE_EXPORT_ENGINE"] = "spark"
     session = get_spark(settings)
     yield session
     for key in (
+        "LAKEHOUSE_EXPORT_ENGINE",
         "LAKEHOUSE_SPARK_REMOTE",
         "LAKEHOUSE_SPARK_MASTER",
         "LAKEHOUSE_SPARK_EXECUTOR_PYTHON",

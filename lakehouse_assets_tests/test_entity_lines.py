@@ -1,5 +1,6 @@
 """The driver's export lines (:mod:`lakehouse_assets.entity_lines`) equal Spark's
-(:mod:`lakehouse_assets.spark.ftm_sql`, what the full pass writes) on arbitrary
+(:mod:`lakehouse_assets.spark.ftm_sql`, what the full pass writes) and DuckDB's
+(:mod:`lakehouse_assets.export_duckdb`, the other engine of that pass) on arbitrary
 statements: any text in values and languages (control characters, quotes,
 backslashes, non-ASCII), two origins holding copies of a statement, schemata
 that merge, several names (rigour picks the caption), countries and dates."""
@@ -15,7 +16,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from lakehouse_assets import staging
+from lakehouse_assets import export_duckdb, staging
 from lakehouse_assets.entity_lines import NoCommonSchema, entity_rows, json_string
 from lakehouse_assets.export_state import SPARK_INDEX_COLUMNS
 from lakehouse_assets.incremental import _changed_rows_spark
@@ -139,10 +140,14 @@ def test_the_driver_makes_the_lines_spark_makes(
     try:
         driver = entity_rows(live, origins=origins, columns=SPARK_INDEX_COLUMNS)
     except NoCommonSchema:
-        event("no common schema: both refuse")
+        event("no common schema: all refuse")
         with pytest.raises(Exception, match="no common schema"):
             _changed_rows_spark(ds, live, origins, staging_uri)
+        with pytest.raises(NoCommonSchema, match="dataset same: entity e.: no common schema"):
+            export_duckdb.entity_rows(live, origins=origins, settings=lake.settings, dataset="same")
         return
     event(f"compared; {sum(driver.column('pick').to_pylist())} caption pick(s)")
     made = _changed_rows_spark(ds, live, origins, staging_uri)
     assert _comparable(driver) == _comparable(made.sort_by("canonical_id"))
+    duck = export_duckdb.entity_rows(live, origins=origins, settings=lake.settings, dataset="same")
+    assert _comparable(duck) == _comparable(driver)

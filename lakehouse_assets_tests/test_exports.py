@@ -474,6 +474,7 @@ def test_the_export_is_the_same_bytes_on_one_partition_and_on_several(
     from lakehouse_assets import export_pass
     from lakehouse_assets.spark import session
 
+    monkeypatch.setattr(local_lake.settings, "export_engine", "spark")  # its plan's partitions
     ds = local_lake.create_dataset("partitioned")
     add_awkward_entities(ds)
     for origin in ("crawl", "registry"):  # every statement in two origins
@@ -511,6 +512,7 @@ def test_a_first_build_skips_the_join_with_the_same_bytes(
     the join is back and gives the widened range."""
     from lakehouse_assets.tables import spark_io
 
+    monkeypatch.setattr(local_lake.settings, "export_engine", "spark")  # its plan's join
     ds = local_lake.create_dataset("first_build")
     add_awkward_entities(ds)
     for origin in ("crawl", "registry"):
