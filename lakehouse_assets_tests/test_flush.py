@@ -152,17 +152,27 @@ def test_a_small_batch_is_read_by_the_driver_a_larger_one_by_tasks(
 ) -> None:
     """Spark's tasks reading the journal start Python workers (seconds on a cold
     session); a batch of at most ``flush_driver_rows`` journal rows (a daily
-    change) is read and reduced by the driver instead, the same rows either way."""
+    change) is read and reduced by the driver instead, the same rows either way.
+    A larger first batch (nothing stored in its buckets) is read by Spark's tasks,
+    or, where Spark would be a JVM of this process, by the flush's own worker
+    processes (issue 49: no Spark job follows it)."""
+    from lakehouse_assets.flush import spark_batch
     from lakehouse_assets.spark import journal_source
+    from lakehouse_assets.spark.session import in_this_process
 
     used: list[str] = []
-    real = journal_source.journal_frame
+    real, real_stage = journal_source.journal_frame, spark_batch.stage_batch
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         used.append("tasks")
         return real(*args, **kwargs)
 
+    def staged(*args, **kwargs):  # type: ignore[no-untyped-def]
+        used.append("workers")
+        return real_stage(*args, **kwargs)
+
     monkeypatch.setattr(journal_source, "journal_frame", counted)
+    monkeypatch.setattr(spark_batch, "stage_batch", staged)
     small, large = local_lake.create_dataset("small"), local_lake.create_dataset("large")
     rows = {
         ds.name: sum(ds.add_entity(e, origin="a") for e in sample_entities())
@@ -174,7 +184,8 @@ def test_a_small_batch_is_read_by_the_driver_a_larger_one_by_tasks(
     )
     assert small.flush().new == rows["small"] and used == []
     monkeypatch.setattr(local_lake.settings, "flush_driver_rows", rows["large"] - 1)
-    assert large.flush().new == rows["large"] and used == ["tasks"]
+    readers = "workers" if in_this_process(local_lake.settings) else "tasks"
+    assert large.flush().new == rows["large"] and used == [readers]
     assert len(table_rows(small)) == len(table_rows(large))
 
 
@@ -200,17 +211,23 @@ def test_flush_in_many_batches_equals_one_batch(
     monkeypatch.setattr(spark_batch, "TASK_ROWS", 3)
     monkeypatch.setattr(local_lake.settings, "flush_driver_rows", 0)  # tasks read it
     staged: list[int] = []
-    real = journal_source.journal_frame
+    real, real_stage = journal_source.journal_frame, spark_batch.stage_batch
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         frame, rows, deleted, files = real(*args, **kwargs)
         staged.append(len(frame.inputFiles()))
         return frame, rows, deleted, files
 
+    def by_workers(*args, **kwargs):  # type: ignore[no-untyped-def]
+        files = real_stage(*args, **kwargs)  # (a first batch, Spark in this process)
+        staged.append(len(files))
+        return files
+
     monkeypatch.setattr(journal_source, "journal_frame", counted)
+    monkeypatch.setattr(spark_batch, "stage_batch", by_workers)
     r3 = tasks.flush()
     assert r3.batches == 1 and r3.new == r1.new
-    assert staged and staged[0] > 3  # one staged file per task
+    assert staged and staged[0] > 3  # one staged file per task (or worker's range)
 
     # statement ids hash the dataset name: compare everything else
     def content(ds):  # type: ignore[no-untyped-def]

@@ -51,7 +51,9 @@ A larger batch into buckets neither table holds a file of (a first flush,
 and each batch of a first flush in several) has nothing to join with: every
 live statement is new and its translog row is its own. After Spark's tasks
 have read, reduced and staged it (a contiguous range of buckets per staged
-file), the driver sorts and writes each staged file as statements files, the
+file; where Spark would be a JVM started in this process, worker processes
+of the flush's own do that instead, :mod:`.journal_stage`, and no Spark job
+runs at all), the driver sorts and writes each staged file as statements files, the
 translog rows and the change feed in Arrow, a file per core at a time
 (:func:`.driver._flush_new_buckets`): no join, range sample, shuffle or sort
 is left for Spark. A translog commit of only new statements' rows says so
@@ -77,19 +79,21 @@ Fault points for tests: :data:`faults.FLUSH_POINTS`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets import faults, progress, staging
+from lakehouse_assets import faults, journal_stage, progress, staging
 from lakehouse_assets.errors import LockedError
 from lakehouse_assets.flush.commits import FlushResult
 from lakehouse_assets.flush.spark_batch import _flush_batch, record_changes, rewrite_translog
-from lakehouse_assets.spark.session import get_spark, scratch_cleanup
+from lakehouse_assets.spark.session import get_spark, in_this_process, scratch_cleanup
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -170,10 +174,30 @@ def flush(
                 f"{sum(counts.values()):,}",
                 len(batches),
             )
-            with staging.area(ds, "flush", flush_id) as area:
+            with staging.area(ds, "flush", flush_id) as area, contextlib.ExitStack() as stack:
+                pool: list[Executor] = []
+
+                def workers() -> Executor:
+                    """Processes reading the journal, spawned when a batch needs them."""
+                    if not pool:
+                        pool.append(stack.enter_context(journal_stage.workers()))
+                    return pool[0]
+
+                # a first build's batches need no Spark job: where Spark would be a
+                # JVM started in this process, worker processes read the journal
+                local = in_this_process(ds.settings)
                 for number, batch in enumerate(batches, 1):
                     sized = [(b, counts[b]) for b in batch]
-                    _flush_batch(spark, ds, sized, claim, lock.fence(), result, area)
+                    _flush_batch(
+                        spark,
+                        ds,
+                        sized,
+                        claim,
+                        lock.fence(),
+                        result,
+                        area,
+                        workers if local else None,
+                    )
                     progress.stage(
                         "flush %s: batch %d/%d done (buckets %d-%d); so far %s new, "
                         "%s duplicates, %s tombstones",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -24,6 +25,7 @@ from lakehouse_assets.flush.commits import (
     _tasks,
 )
 from lakehouse_assets.journal import Claim
+from lakehouse_assets.journal_stage import stage_batch
 from lakehouse_assets.locks import Fence
 from lakehouse_assets.reduce import REDUCED_SCHEMA, reduce_events
 from lakehouse_assets.spark.session import parallelism, ranged
@@ -99,18 +101,95 @@ def _reduced_frame(
             storage_options=options,
         )
 
-        def staged(file: DataFile) -> Reader:
-            return lambda columns: read_files(
-                [file], REDUCED_SCHEMA, options, columns=list(columns)
-            )
-
-        return frame, rows, deleted, [staged(file) for file in files]
+        return frame, rows, deleted, [_staged_reader(file, options) for file in files]
     if reduced is None:
         reduced = reduce_events(ds.journal.read_claimed(claim, [b for b, _ in batch]))
     deleted = reduced.num_rows - reduced.column("deleted_at").null_count
     frame = arrow_frame(spark, reduced, staging_uri, options)
     held = reduced
     return frame, reduced.num_rows, deleted, [lambda columns: held.select(list(columns))]
+
+
+def _flush_new_batch_without_spark(
+    ds: DatasetContext,
+    batch: list[tuple[int, int]],
+    span: tuple[int, int],
+    claim: Claim,
+    fence: Fence,
+    result: FlushResult,
+    meta: dict[str, str],
+    staging_uri: str,
+    workers: Callable[[], Executor],
+    step: progress.Steps,
+) -> bool:
+    """A batch into buckets neither table holds a file of (a first build): its
+    journal rows read, reduced and staged by worker processes, one bucket range
+    per core (:func:`.journal_stage.stage_batch`), then written by the driver as
+    they are (:func:`.driver._flush_new_buckets`); no Spark job, no JVM. False
+    (nothing done) where the buckets hold stored rows: Spark's path joins them."""
+    from lakehouse_assets.spark.journal_source import balanced_ranges
+
+    main_snapshot = Snapshot.load(ds.statements_table)
+    log_snapshot = Snapshot.load(ds.translog_table)
+    if main_snapshot.select(span) or log_snapshot.select(span):
+        return False
+    options = dict(ds.statements_table.storage_options)
+    pool = workers()
+    # as many ranges as Spark would make tasks: a worker holds a range's rows
+    ranges = balanced_ranges(
+        batch, max(getattr(pool, "_max_workers", 1) or 1, -(-sum(n for _, n in batch) // TASK_ROWS))
+    )
+    staged = stage_batch(pool, ds.journal.url, claim, ranges, staging_uri, options)
+    statements = sum(int(s["rows"]) for s in staged)
+    deleted = sum(int(s["deleted"]) for s in staged)
+    journal_rows = sum(n for _, n in batch)
+    step(
+        "read %d journal rows, reduced to %d statements (%d worker processes)",
+        journal_rows,
+        statements,
+        len(ranges),
+    )
+    files = [DataFile(s["uri"], s["path"], int(s["size"]), {}, None, None) for s in staged]
+    _write_new_batch(
+        ds,
+        [_staged_reader(f, options) for f in files],
+        (main_snapshot, log_snapshot),
+        meta,
+        fence,
+        result,
+        claim,
+        step,
+        (journal_rows, statements, deleted),
+    )
+    return True
+
+
+def _staged_reader(file: DataFile, options: dict[str, str]) -> Reader:
+    """The driver's reader of a staged file's columns (no Spark job)."""
+    return lambda columns: read_files([file], REDUCED_SCHEMA, options, columns=list(columns))
+
+
+def _write_new_batch(
+    ds: DatasetContext,
+    readers: list[Reader],
+    snapshots: tuple[Snapshot, Snapshot],
+    meta: dict[str, str],
+    fence: Fence,
+    result: FlushResult,
+    claim: Claim,
+    step: progress.Steps,
+    counts: tuple[int, int, int],
+) -> None:
+    """A staged batch into buckets nothing is stored in, written by the driver as
+    it is (:func:`.driver._flush_new_buckets`), and counted: ``counts`` are its
+    journal rows, its statements (reduced) and how many of those are tombstones."""
+    journal_rows, statements, deleted = counts
+    driver._flush_new_buckets(ds, readers, *snapshots, meta, fence, result, claim.flush_id, step)
+    result.ignored_tombstones += deleted
+    result.superseded += journal_rows - statements
+    faults.point("flush.after_translog_commit")
+    result.journal_rows += journal_rows
+    result.batches += 1
 
 
 def _flush_batch(
@@ -121,6 +200,7 @@ def _flush_batch(
     fence: Fence,
     result: FlushResult,
     staging_uri: str,
+    workers: Callable[[], Executor] | None = None,
 ) -> None:
     step = progress.Steps(log, f"flush {ds.name}")
     buckets = [b for b, _ in batch]
@@ -138,6 +218,14 @@ def _flush_batch(
             result.journal_rows += journal_rows
             result.batches += 1
             return
+    if (
+        driver_read is None
+        and workers is not None
+        and _flush_new_batch_without_spark(
+            ds, batch, span, claim, fence, result, meta, staging_uri, workers, step
+        )
+    ):
+        return
     # (imported here: a batch the driver flushes needs no pyspark, whose import
     # was a tenth of a small flush's process)
     from pyspark.sql import functions as F
@@ -159,14 +247,17 @@ def _flush_batch(
         # nothing stored in these buckets (a first flush): every live statement is
         # new and its translog row its own; the staged rows are written as they
         # are, on the driver (no join, range sample, shuffle or sort for Spark)
-        driver._flush_new_buckets(
-            ds, readers, main_snapshot, log_snapshot, meta, fence, result, claim.flush_id, step
+        _write_new_batch(
+            ds,
+            readers,
+            (main_snapshot, log_snapshot),
+            meta,
+            fence,
+            result,
+            claim,
+            step,
+            (journal_rows, statements, deleted),
         )
-        result.ignored_tombstones += deleted
-        result.superseded += journal_rows - statements
-        faults.point("flush.after_translog_commit")
-        result.journal_rows += journal_rows
-        result.batches += 1
         return
     # the batch's keys, for probes of the row groups that can hold them (a small
     # batch into a large table reads a row group or two per entity, not the table)

@@ -3,9 +3,10 @@
 A flush batch is a range of buckets with known row counts. This source cuts
 it into ranges of about equal size, one input partition each; every task
 opens the journal itself (SQLite file or PostgreSQL), reads its claimed rows
-straight into Arrow (:meth:`Journal.read_claimed`), reduces them to one row
-per statement (:func:`reduce.reduce_events`) and writes them as a Parquet file
-into the run's staging area in the lake, answering only (path, rows). The
+straight into Arrow, reduces them to one row per statement and writes them as
+a Parquet file into the run's staging area in the lake, answering only (path,
+rows) (:func:`.journal_stage.stage_range`, which a first build's flush runs
+in worker processes of its own, without Spark). The
 rows never pass through the driver, every core reads, and Spark then scans
 the staged files with its own reader (cheaper than caching rows that came
 from Python). A statement's events all share its bucket, so no reduce needs
@@ -34,22 +35,11 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-    from lakehouse_assets.journal import Claim, Journal
+    from lakehouse_assets.journal import Claim
     from lakehouse_assets.settings import Settings
     from lakehouse_assets.tables.snapshot import DataFile
 
 SOURCE_NAME = "lakehouse_journal"
-
-_journals: dict[str, Journal] = {}
-
-
-def _journal(url: str) -> Journal:
-    """One journal (engine) per worker process and URL."""
-    from lakehouse_assets.journal import Journal
-
-    if url not in _journals:
-        _journals[url] = Journal(url)
-    return _journals[url]
 
 
 class _Range(InputPartition):
@@ -72,51 +62,20 @@ class JournalReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from lakehouse_assets.journal import Claim
-        from lakehouse_assets.journal_duckdb import read_sqlite_natively, sqlite_path
-        from lakehouse_assets.reduce import reduce_events
-        from lakehouse_assets.tables.spark_io import stage_table
+        from lakehouse_assets.journal_stage import stage_range
 
         assert isinstance(partition, _Range)
-        claim = Claim(**self.claim)
-        path = sqlite_path(self.url)
-        if path is not None:  # this worker holds no other SQLite connection
-            events = read_sqlite_natively(path, claim, partition.low, partition.high)
-        else:
-            events = _journal(self.url).read_claimed(claim, [partition.low, partition.high])
-        if events.num_rows == 0:
-            return
-        reduced = reduce_events(events)
-        del events
-        staged = stage_table(reduced, self.staging, self.storage, "reduced")
-        rows = reduced.num_rows
-        deleted = rows - reduced.column("deleted_at").null_count
-        del reduced
-        # Spark keeps this worker for the next task, and Arrow's allocator (and
-        # C's, under DuckDB's result) would keep the task's peak: hundreds of MB
-        # held while the JVM does the rest of the flush
-        release_memory()
-        yield pa.RecordBatch.from_pydict(
-            {
-                "uri": [staged.uri],
-                "path": [staged.path],
-                "size": [staged.size],
-                "rows": [rows],
-                "deleted": [deleted],
-            }
+        # a Python worker of Spark's holds no other connection to a SQLite journal
+        staged = stage_range(
+            self.url,
+            Claim(**self.claim),
+            partition.low,
+            partition.high,
+            self.staging,
+            self.storage,
         )
-
-
-def release_memory() -> None:
-    """Hand freed memory back to the system: Arrow's pool and glibc's heap."""
-    import contextlib
-    import ctypes
-    import ctypes.util
-
-    pa.default_memory_pool().release_unused()
-    name = ctypes.util.find_library("c")
-    if name:
-        with contextlib.suppress(OSError, AttributeError):  # not glibc
-            ctypes.CDLL(name).malloc_trim(0)
+        if staged is not None:
+            yield pa.RecordBatch.from_pydict({k: [v] for k, v in staged.items()})
 
 
 class JournalSource(DataSource):

@@ -208,6 +208,13 @@ def remote_url(settings: Settings) -> str | None:
     return os.environ.get("LAKEHOUSE_SPARK_REMOTE") or settings.spark_remote or None
 
 
+def in_this_process(settings: Settings) -> bool:
+    """Whether Spark would run as a local JVM of this process (``local[*]``, no
+    Connect URL): its start is then this command's cost (about 5 s cold), which
+    work that needs no Spark job should not pay."""
+    return remote_url(settings) is None and settings.spark_master.startswith("local")
+
+
 def get_spark(settings: Settings | None = None) -> SparkSession:
     """The process-wide Spark session (created on first call, then reused).
 
