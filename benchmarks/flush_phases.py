@@ -28,7 +28,9 @@ from benchmarks.data import KEK_STATEMENTS
 from benchmarks.data import write as write_data
 from benchmarks.update import DATASET, ORIGIN, change, lakehouse
 
-STEP = re.compile(r"flush \S+: (?P<what>.+) \((?P<seconds>[0-9.]+) s\)$")
+STEP = re.compile(
+    r"flush \S+: (?P<what>.+) \((?P<seconds>[0-9.]+) s(?:, CPU (?P<cpu>[0-9.]+) s)?\)$"
+)
 
 
 def commit_counts(table: Path) -> tuple[int, int, int]:

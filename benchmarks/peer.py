@@ -606,7 +606,7 @@ class StepResult:
     figures: dict[str, float] = field(default_factory=dict)
     problem: str | None = None  # a step that exited 0 but whose output makes no sense
     #: (label, seconds) of each phase the step's log timed (ours: the ``-v`` steps)
-    phases: list[tuple[str, float]] = field(default_factory=list)
+    phases: list[tuple[str, float, float | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -656,19 +656,21 @@ def step_figures(step: str, done: Run) -> tuple[dict[str, float], str | None]:
 
 
 #: A step timing of our ``-v`` log (:class:`lakehouse_assets.progress.Steps`):
-#: ``  12.3s info lakehouse_assets.flush.spark_batch: flush bench: wrote 5 files (4.20 s)``
+#: ``  12.3s info lakehouse_assets.flush.spark_batch: flush bench: wrote 5 files (4.20 s, CPU 6.10 s)``
 PHASE_LINE = re.compile(
     r"^\s*[\d.]+s (?:info [\w.]+: )?(?:flush|export|make) [^:\s]+: (?P<label>.+) "
-    r"\((?P<seconds>[\d.]+) s\)$"
+    r"\((?P<seconds>[\d.]+) s(?:, CPU (?P<cpu>[\d.]+) s)?\)$"
 )
 
 
-def step_phases(done: Run) -> list[tuple[str, float]]:
-    """The phases a step's log timed, in order (none where it logs no timings)."""
+def step_phases(done: Run) -> list[tuple[str, float, float | None]]:
+    """The phases a step's log timed, in order, with the process's CPU seconds
+    where the log gives them (none where it logs no timings)."""
     found = []
     for line in done.stderr.read_text(errors="replace").splitlines():
         if match := PHASE_LINE.match(line):
-            found.append((match["label"], float(match["seconds"])))
+            cpu = float(match["cpu"]) if match["cpu"] else None
+            found.append((match["label"], float(match["seconds"]), cpu))
     return found
 
 
@@ -825,28 +827,35 @@ def phase_report(rounds: Sequence[Round], only: Sequence[str]) -> list[str]:
     start where no phase times it, work between the timed steps."""
     lines: list[str] = []
     for name in only:
-        for step in ("flush", "exports"):
+        for step in ("flush", "exports", "make"):
             results = [r.steps.get(name, {}).get(step) for r in rounds]
             done = [res for res in results if res is not None and res.run.ok]
             if not done or not any(res.phases for res in done):
                 continue
             order: list[str] = []
             values: dict[str, list[float]] = {}
+            cpus: dict[str, list[float]] = {}
             rests: list[float] = []
             for res in done:
                 summed: dict[str, float] = {}
-                for label, seconds in res.phases:
+                summed_cpu: dict[str, float] = {}
+                for label, seconds, cpu in res.phases:
                     key = re.sub(r"\d[\d,.]*", "#", label)
                     if key not in summed and key not in order:
                         order.append(key)
                     summed[key] = summed.get(key, 0.0) + seconds
+                    if cpu is not None:
+                        summed_cpu[key] = summed_cpu.get(key, 0.0) + cpu
                 for key, seconds in summed.items():
                     values.setdefault(key, []).append(seconds)
+                for key, cpu in summed_cpu.items():
+                    cpus.setdefault(key, []).append(cpu)
                 rests.append(res.run.seconds - sum(summed.values()))
             total = median([res.run.seconds for res in done]) or 0.0
-            lines.append(f"{name} {STEP_LABELS[step]:<55} {total:8.2f} s")
+            lines.append(f"{name} {STEP_LABELS[step]:<55} {total:8.2f} s   CPU")
             for key in order:
-                lines.append(f"  {key[:60]:<60} {median(values[key]) or 0.0:8.2f}")
+                cpu_cell = f"{median(cpus[key]) or 0.0:8.2f}" if key in cpus else ""
+                lines.append(f"  {key[:60]:<60} {median(values[key]) or 0.0:8.2f} {cpu_cell}")
             lines.append(
                 f"  {'(rest: start-up, imports, untimed work)':<60} {median(rests) or 0.0:8.2f}"
             )

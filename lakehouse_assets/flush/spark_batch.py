@@ -144,10 +144,12 @@ def _flush_new_batch_without_spark(
     deleted = sum(int(s["deleted"]) for s in staged)
     journal_rows = sum(n for _, n in batch)
     step(
-        "read %d journal rows, reduced to %d statements (%d worker processes)",
+        "read %d journal rows, reduced to %d statements (%d ranges in worker processes, "
+        "their CPU %.2f s)",
         journal_rows,
         statements,
         len(ranges),
+        sum(float(s["cpu"]) for s in staged),
     )
     files = [DataFile(s["uri"], s["path"], int(s["size"]), {}, None, None) for s in staged]
     _write_new_batch(

@@ -75,7 +75,7 @@ class JournalReader(DataSourceReader):
             self.storage,
         )
         if staged is not None:
-            yield pa.RecordBatch.from_pydict({k: [v] for k, v in staged.items()})
+            yield pa.RecordBatch.from_pydict({k: [staged[k]] for k in STAGED_COLUMNS})
 
 
 class JournalSource(DataSource):
@@ -122,6 +122,7 @@ def reachable(journal_url: str, spark: SparkSession, settings: Settings) -> bool
 
 #: What the source answers: one row per staged file (``deleted``: its tombstones).
 STAGED_SCHEMA = "uri string, path string, size long, rows long, deleted long"
+STAGED_COLUMNS = ("uri", "path", "size", "rows", "deleted")
 
 
 def journal_frame(
