@@ -113,11 +113,14 @@ def file_response(
     wanted = _byte_range(request.headers.get("range"), size)
     if wanted == "unsatisfiable":
         return Response(status_code=416, headers={**headers, "Content-Range": f"bytes */{size}"})
+    status, start, length = 200, 0, size
     if isinstance(wanted, tuple):
-        start, end = wanted
-        headers["Content-Range"] = f"bytes {start}-{end}/{size}"
-        headers["Content-Length"] = str(end - start + 1)
-        body = _read(store, path, start, end - start + 1)
-        return StreamingResponse(body, status_code=206, headers=headers, media_type=media_type)
-    headers["Content-Length"] = str(size)
-    return StreamingResponse(_read(store, path, 0, size), headers=headers, media_type=media_type)
+        status, start, length = 206, wanted[0], wanted[1] - wanted[0] + 1
+        headers["Content-Range"] = f"bytes {start}-{wanted[1]}/{size}"
+    headers["Content-Length"] = str(length)
+    if request.method == "HEAD":
+        # the headers alone: a body generator would read the whole file for nothing
+        # (the server drops a HEAD's body), and clients ask HEAD before each open
+        return Response(status_code=status, headers=headers, media_type=media_type)
+    body = _read(store, path, start, length)
+    return StreamingResponse(body, status_code=status, headers=headers, media_type=media_type)

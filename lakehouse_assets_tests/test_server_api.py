@@ -386,6 +386,13 @@ def test_archive_upload_download_delete(server: Server, admin: httpx.Client) -> 
     assert tail.status_code == 206 and tail.content == data[-5:]
     bad = admin.get(f"/alpha/_api/archive/{digest}/data", headers={"Range": f"bytes={len(data)}-"})
     assert bad.status_code == 416
+    # HEAD: the GET's status and headers, of the whole file or of the range, no body
+    head = admin.head(f"/alpha/_api/archive/{digest}/data")
+    assert head.status_code == 200 and head.headers["content-length"] == str(len(data))
+    assert head.headers["etag"] == f'"{digest}"' and head.content == b""
+    head = admin.head(f"/alpha/_api/archive/{digest}/data", headers={"Range": "bytes=10-19"})
+    assert head.status_code == 206 and head.headers["content-range"] == f"bytes 10-19/{len(data)}"
+    assert head.headers["content-length"] == "10"
 
     # wrong checksum, oversize, a path for a name: refused, nothing stored
     wrong = admin.post(
