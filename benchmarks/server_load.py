@@ -33,7 +33,7 @@ import httpx
 import orjson
 
 from lakehouse_assets import Lakehouse
-from lakehouse_assets.server.auth import issue_token
+from lakehouse_assets.tokens import issue_token
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "load-test-secret-" + "x" * 32

@@ -73,7 +73,7 @@ def tokens_issue(
     Example:
       lakehouse tokens issue --tenant aleph --dataset news --scope read --expires 1h
     """
-    from lakehouse_assets.server.auth import issue_token, parse_duration, server_secret
+    from lakehouse_assets.tokens import issue_token, parse_duration, server_secret
 
     try:
         lifetime = parse_duration(expires)

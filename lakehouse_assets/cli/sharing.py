@@ -46,8 +46,8 @@ def profile_cmd(
     Example:
       lakehouse sharing profile --tenant analysts --dataset news --expires 30d > news.share
     """
-    from lakehouse_assets.server.auth import parse_duration, server_secret
     from lakehouse_assets.sharing import PREFIX, issue, profile
+    from lakehouse_assets.tokens import parse_duration, server_secret
 
     try:
         lifetime = parse_duration(expires)
@@ -81,9 +81,9 @@ def revoke_cmd(obj: Context, profile_or_id: str) -> None:
     Example:
       lakehouse sharing revoke news.share
     """
-    from lakehouse_assets.server.auth import server_secret
     from lakehouse_assets.sharing import Revocations
     from lakehouse_assets.sharing.recipients import claims_of
+    from lakehouse_assets.tokens import server_secret
 
     path = Path(profile_or_id)
     if path.is_file():

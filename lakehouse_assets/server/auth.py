@@ -18,7 +18,11 @@ is 403, as the peer answers. The signature is checked by PyJWT, which compares
 HMACs in constant time. No token ever reaches a log line: failures are logged
 with their reason only.
 
+Tokens are issued by :mod:`lakehouse_assets.tokens` (below this package and
+the sharing routes, which accept them too).
+
 Example:
+    >>> from lakehouse_assets.tokens import issue_token
     >>> token = issue_token("0" * 32, tenant="aleph", datasets=["news"],
     ...                     actions=["read"], expires=timedelta(hours=1))
 """
@@ -27,9 +31,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
-import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
 from typing import Annotated, Any, Final, Literal
 from urllib.parse import unquote
@@ -38,16 +40,11 @@ import jwt
 from fastapi import APIRouter, Depends, Header, HTTPException, Request, Response
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.errors import ConfigurationError, InvalidNameError
-from lakehouse_assets.settings import Settings
+from lakehouse_assets.errors import InvalidNameError
+from lakehouse_assets.tokens import ALGORITHM, Action
 
 log = logging.getLogger(__name__)
 
-Action = Literal["read", "write", "operate", "admin"]
-ACTIONS: Final[tuple[Action, ...]] = ("read", "write", "operate", "admin")
-#: HS256 keys shorter than the hash are guessable offline from one token (RFC 7518 §3.2).
-MIN_SECRET_CHARS: Final = 32
-ALGORITHM: Final = "HS256"
 SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Routes anyone may call: the health check, the API's documentation, the validator.
 PUBLIC_PATHS: Final = frozenset(
@@ -67,59 +64,6 @@ def unauthorized(reason: str) -> HTTPException:
 def forbidden(reason: str) -> HTTPException:
     log.info("auth: 403 (%s)", reason)
     return HTTPException(403, detail="Forbidden")
-
-
-def server_secret(settings: Settings) -> str:
-    """The signing key, or a :class:`ConfigurationError` naming the setting."""
-    secret = settings.api_secret.get_secret_value() if settings.api_secret else ""
-    if len(secret) < MIN_SECRET_CHARS:
-        have = "is not set" if not secret else f"has {len(secret)} characters"
-        raise ConfigurationError(
-            f"LAKEHOUSE_API_SECRET {have}: the server needs a secret of at least "
-            f"{MIN_SECRET_CHARS} characters to sign tokens (e.g. `openssl rand -hex 32`)"
-        )
-    return secret
-
-
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
-_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> timedelta:
-    """``90s``, ``15m``, ``1h``, ``7d`` as a ``timedelta`` (positive)."""
-    match = _DURATION.match(text.strip())
-    if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"{text!r} is not a duration such as 30m, 1h or 7d")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
-
-
-def issue_token(
-    secret: str,
-    *,
-    tenant: str,
-    datasets: list[str],
-    actions: list[str],
-    expires: timedelta,
-) -> str:
-    """A token of our shape; every name is checked before it is signed."""
-    tenant = cv.tenant_name(tenant)
-    for pattern in datasets:
-        if not pattern or not re.fullmatch(r"[a-z0-9_*?\[\]]+", pattern):
-            raise InvalidNameError(f"dataset {pattern!r}: a dataset name or a glob such as news_*")
-    for action in actions:
-        if action not in ACTIONS:
-            raise InvalidNameError(f"action {action!r}: one of {', '.join(ACTIONS)}")
-    if not datasets or not actions:
-        raise InvalidNameError("a token names at least one dataset and one action")
-    now = datetime.now(UTC)
-    claims = {
-        "sub": tenant,
-        "datasets": datasets,
-        "actions": actions,
-        "iat": int(now.timestamp()),
-        "exp": int((now + expires).timestamp()),
-    }
-    return jwt.encode(claims, secret, algorithm=ALGORITHM)
 
 
 def _strings(payload: dict[str, Any], key: str) -> list[str]:
