@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import jwt
+from jwt.types import Options
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import ConfigurationError, InvalidNameError
@@ -51,15 +52,11 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
 
 
-def issue_token(
-    secret: str,
-    *,
-    tenant: str,
-    datasets: list[str],
-    actions: list[str],
-    expires: timedelta,
-) -> str:
-    """A token of our shape; every name is checked before it is signed."""
+def token_claims(
+    *, tenant: str, datasets: list[str], actions: list[str], expires: timedelta
+) -> dict[str, Any]:
+    """The claims of a token of our shape, every name checked (what :func:`issue_token`
+    signs, and a sharing profile extends with its audience and id)."""
     tenant = cv.tenant_name(tenant)
     for pattern in datasets:
         if not pattern or not re.fullmatch(r"[a-z0-9_*?\[\]]+", pattern):
@@ -70,11 +67,69 @@ def issue_token(
     if not datasets or not actions:
         raise InvalidNameError("a token names at least one dataset and one action")
     now = datetime.now(UTC)
-    claims = {
+    return {
         "sub": tenant,
         "datasets": datasets,
         "actions": actions,
         "iat": int(now.timestamp()),
         "exp": int((now + expires).timestamp()),
     }
+
+
+def issue_token(
+    secret: str,
+    *,
+    tenant: str,
+    datasets: list[str],
+    actions: list[str],
+    expires: timedelta,
+) -> str:
+    """A token of our shape; every name is checked before it is signed."""
+    claims = token_claims(tenant=tenant, datasets=datasets, actions=actions, expires=expires)
+    return sign(claims, secret)
+
+
+def sign(claims: dict[str, Any], secret: str) -> str:
     return jwt.encode(claims, secret, algorithm=ALGORITHM)
+
+
+class TokenRefused(Exception):
+    """A token that is not a live one of this server. ``reason`` says why, for a log
+    line or an answer; it never holds the token's text."""
+
+    def __init__(self, reason: str, *, expired: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.expired = expired
+
+
+def verified_claims(
+    token: str,
+    secret: str,
+    *,
+    require: tuple[str, ...] = ("exp",),
+    verify_exp: bool = True,
+    verify_aud: bool = True,
+) -> dict[str, Any]:
+    """The claims of a token signed with ``secret`` (HS256 only: PyJWT compares the
+    HMAC in constant time and refuses ``alg: none`` and other algorithms), or
+    :class:`TokenRefused`.
+
+    With ``verify_aud`` (the tenant API), a token that names an audience is
+    refused, since no audience is expected: that is what keeps a sharing
+    profile out of the tenant API. The sharing routes pass ``False`` and check
+    the audience themselves."""
+    options: Options = {
+        "require": list(require),
+        "verify_exp": verify_exp,
+        "verify_aud": verify_aud,
+    }
+    try:
+        payload = jwt.decode(token, secret, algorithms=[ALGORITHM], options=options)
+    except jwt.ExpiredSignatureError:
+        raise TokenRefused("expired token", expired=True) from None
+    except jwt.InvalidTokenError as exc:
+        raise TokenRefused(f"invalid token: {type(exc).__name__}") from None
+    if not isinstance(payload, dict):
+        raise TokenRefused("payload is not an object")
+    return payload

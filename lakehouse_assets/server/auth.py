@@ -36,12 +36,11 @@ from fnmatch import fnmatchcase
 from typing import Annotated, Any, Final, Literal
 from urllib.parse import unquote
 
-import jwt
 from fastapi import APIRouter, Depends, Header, HTTPException, Request, Response
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import InvalidNameError
-from lakehouse_assets.tokens import ALGORITHM, Action
+from lakehouse_assets.tokens import Action, TokenRefused, verified_claims
 
 log = logging.getLogger(__name__)
 
@@ -160,13 +159,9 @@ def required_action(method: str, path: str) -> tuple[str | None, Action | None]:
 def decode(token: str, secret: str) -> Grant:
     """The grant of a token (401 unless it is well-formed, signed with ``secret`` and live)."""
     try:
-        payload = jwt.decode(token, secret, algorithms=[ALGORITHM], options={"require": ["exp"]})
-    except jwt.ExpiredSignatureError:
-        raise unauthorized("expired token") from None
-    except jwt.InvalidTokenError as exc:
-        raise unauthorized(f"invalid token: {type(exc).__name__}") from None
-    if not isinstance(payload, dict):
-        raise unauthorized("payload is not an object")
+        payload = verified_claims(token, secret)
+    except TokenRefused as exc:
+        raise unauthorized(exc.reason) from None
     return Grant.from_payload(payload)
 
 

@@ -1,8 +1,9 @@
 """Recipients: who reads a share, with which token, and how a token is revoked.
 
 A recipient is a bearer token signed with the server's ``LAKEHOUSE_API_SECRET``
-(HS256, the tenant API's machinery): the tenant in ``sub``, the datasets it
-may read in ``datasets`` (names or globs), ``actions: ["read"]``, ``exp``. A
+(HS256, the tenant API's machinery, :mod:`lakehouse_assets.tokens`): the tenant
+in ``sub``, the datasets it may read in ``datasets`` (names or globs),
+``actions: ["read"]``, ``exp``. A
 **profile token** (``lakehouse sharing profile``) carries two more claims:
 
 - ``aud: "delta-sharing"``: PyJWT refuses a token with an audience where the
@@ -36,19 +37,15 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Final
 
-import jwt
-
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import InvalidNameError, LakehouseError
 from lakehouse_assets.settings import Settings
+from lakehouse_assets.tokens import TokenRefused, sign, token_claims, verified_claims
 
 #: The audience of a profile token: the tenant API refuses it, the sharing server wants it.
 AUDIENCE: Final = "delta-sharing"
-ALGORITHM: Final = "HS256"
 #: Actions of the tenant API's tokens that allow reading a dataset's tables.
 READ_ACTIONS: Final = frozenset({"read", "admin"})
-#: A profile names datasets by name or glob, as the tenant API's tokens do.
-_DATASET_GLOB: Final = "abcdefghijklmnopqrstuvwxyz0123456789_*?[]"
 
 
 class SharingError(LakehouseError):
@@ -81,25 +78,13 @@ def issue(
     secret: str, *, tenant: str, datasets: list[str], expires: timedelta
 ) -> tuple[str, dict[str, Any]]:
     """A profile token (``aud`` delta-sharing, a fresh ``jti``) and its claims."""
-    tenant = cv.tenant_name(tenant)
     if not datasets:
         raise InvalidNameError("a profile names at least one dataset")
-    for pattern in datasets:
-        if not pattern or any(c not in _DATASET_GLOB for c in pattern):
-            raise InvalidNameError(f"dataset {pattern!r}: a dataset name or a glob such as news_*")
     if expires <= timedelta(0):
         raise InvalidNameError("a profile expires in the future")
-    now = datetime.now(UTC)
-    claims: dict[str, Any] = {
-        "sub": tenant,
-        "datasets": list(datasets),
-        "actions": ["read"],
-        "aud": AUDIENCE,
-        "jti": uuid.uuid4().hex,
-        "iat": int(now.timestamp()),
-        "exp": int((now + expires).timestamp()),
-    }
-    return jwt.encode(claims, secret, algorithm=ALGORITHM), claims
+    claims = token_claims(tenant=tenant, datasets=list(datasets), actions=["read"], expires=expires)
+    claims.update(aud=AUDIENCE, jti=uuid.uuid4().hex)
+    return sign(claims, secret), claims
 
 
 def profile(endpoint: str, token: str, expires: int) -> dict[str, Any]:
@@ -116,34 +101,19 @@ def profile(endpoint: str, token: str, expires: int) -> dict[str, Any]:
 def claims_of(token: str, secret: str) -> dict[str, Any]:
     """The claims of a well-signed token, expired or not (what ``revoke`` needs)."""
     try:
-        payload = jwt.decode(
-            token,
-            secret,
-            algorithms=[ALGORITHM],
-            options={"verify_exp": False, "verify_aud": False},
-        )
-    except jwt.InvalidTokenError as exc:
-        raise InvalidNameError(f"not a token of this server: {type(exc).__name__}") from None
-    if not isinstance(payload, dict):
-        raise InvalidNameError("not a token of this server: its payload is not an object")
-    return payload
+        return verified_claims(token, secret, require=(), verify_exp=False, verify_aud=False)
+    except TokenRefused as exc:
+        raise InvalidNameError(f"not a token of this server: {exc.reason}") from None
 
 
 def decode(token: str, secret: str, revoked: Revocations) -> Recipient:
     """The recipient of a token, or a 401 :class:`SharingError` (never the token's text)."""
     try:
-        payload = jwt.decode(
-            token,
-            secret,
-            algorithms=[ALGORITHM],
-            options={"require": ["exp", "sub"], "verify_aud": False},
-        )
-    except jwt.ExpiredSignatureError:
-        raise unauthenticated("the token has expired") from None
-    except jwt.InvalidTokenError:
-        raise unauthenticated("the token is not one of this server's") from None
-    if not isinstance(payload, dict):
-        raise unauthenticated()
+        payload = verified_claims(token, secret, require=("exp", "sub"), verify_aud=False)
+    except TokenRefused as exc:
+        raise unauthenticated(
+            "the token has expired" if exc.expired else "the token is not one of this server's"
+        ) from None
     aud = payload.get("aud")
     if aud is not None and aud != AUDIENCE:
         raise unauthenticated("the token is not for Delta Sharing")
