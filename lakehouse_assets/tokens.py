@@ -1,17 +1,23 @@
-"""The tenant API's bearer tokens: issued, and the signing key they need.
+"""The tenant API's bearer tokens: issued, verified, revoked, and the key they need.
 
 HS256 JWTs signed with ``LAKEHOUSE_API_SECRET``: ``sub`` the tenant,
 ``datasets`` (names or globs), ``actions``, ``iat``, ``exp``. This is the core
 both HTTP packages build on: the tenant API's server checks these tokens
 against each request (:mod:`.server.auth`), the Delta Sharing routes accept
-them and issue profile tokens of the same shape (:mod:`.sharing.recipients`).
-It sits below both, so neither imports the other for it.
+them and issue profile tokens of the same shape (:mod:`.sharing.recipients`),
+and :class:`Revocations` is the list of token ids refused before their
+expiry. It sits below both, so neither imports the other for it.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import tempfile
+import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Final, Literal
 
 import jwt
@@ -133,3 +139,59 @@ def verified_claims(
     if not isinstance(payload, dict):
         raise TokenRefused("payload is not an object")
     return payload
+
+
+def claims_of(token: str, secret: str) -> dict[str, Any]:
+    """The claims of a well-signed token, expired or not (what ``revoke`` needs)."""
+    try:
+        return verified_claims(token, secret, require=(), verify_exp=False, verify_aud=False)
+    except TokenRefused as exc:
+        raise InvalidNameError(f"not a token of this server: {exc.reason}") from None
+
+
+def state_dir(settings: Settings) -> Path:
+    """The server's state folder (``LAKEHOUSE_API_STATE_DIR``, as the server
+    defaults it): the revocation list lives there, beside its staging and jobs."""
+    return settings.api_state_path
+
+
+class Revocations:
+    """The revoked token ids (``{state}/sharing/revoked.json``: ``{jti: exp}``).
+
+    Re-read when the file's mtime or size changes, so a ``revoke`` on the host
+    takes effect on the next request of every worker process. Entries past
+    their token's expiry are dropped on the next revocation.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.path = state_dir(settings) / "sharing" / "revoked.json"
+        self._seen: tuple[int, int] | None = None
+        self._ids: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _load(self) -> dict[str, int]:
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return {}
+        key = (stat.st_mtime_ns, stat.st_size)
+        with self._lock:
+            if key != self._seen:
+                data = json.loads(self.path.read_text() or "{}")
+                self._ids = {str(k): int(v) for k, v in data.items()}
+                self._seen = key
+            return self._ids
+
+    def is_revoked(self, jti: str) -> bool:
+        return jti in self._load()
+
+    def revoke(self, jti: str, expires: int) -> None:
+        """Add ``jti`` (written atomically: a reader sees the old list or the new one)."""
+        now = int(datetime.now(UTC).timestamp())
+        ids = {k: v for k, v in self._load().items() if v > now}
+        ids[jti] = expires
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".revoked-")
+        with os.fdopen(fd, "w") as out:
+            json.dump(ids, out, sort_keys=True)
+        os.replace(tmp, self.path)

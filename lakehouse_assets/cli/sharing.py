@@ -81,9 +81,7 @@ def revoke_cmd(obj: Context, profile_or_id: str) -> None:
     Example:
       lakehouse sharing revoke news.share
     """
-    from lakehouse_assets.sharing import Revocations
-    from lakehouse_assets.sharing.recipients import claims_of
-    from lakehouse_assets.tokens import server_secret
+    from lakehouse_assets.tokens import Revocations, claims_of, server_secret
 
     path = Path(profile_or_id)
     if path.is_file():

@@ -26,21 +26,15 @@ Example:
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-import threading
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
-from pathlib import Path
 from typing import Any, Final
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import InvalidNameError, LakehouseError
-from lakehouse_assets.settings import Settings
-from lakehouse_assets.tokens import TokenRefused, sign, token_claims, verified_claims
+from lakehouse_assets.tokens import Revocations, TokenRefused, sign, token_claims, verified_claims
 
 #: The audience of a profile token: the tenant API refuses it, the sharing server wants it.
 AUDIENCE: Final = "delta-sharing"
@@ -98,14 +92,6 @@ def profile(endpoint: str, token: str, expires: int) -> dict[str, Any]:
     }
 
 
-def claims_of(token: str, secret: str) -> dict[str, Any]:
-    """The claims of a well-signed token, expired or not (what ``revoke`` needs)."""
-    try:
-        return verified_claims(token, secret, require=(), verify_exp=False, verify_aud=False)
-    except TokenRefused as exc:
-        raise InvalidNameError(f"not a token of this server: {exc.reason}") from None
-
-
 def decode(token: str, secret: str, revoked: Revocations) -> Recipient:
     """The recipient of a token, or a 401 :class:`SharingError` (never the token's text)."""
     try:
@@ -131,51 +117,3 @@ def decode(token: str, secret: str, revoked: Revocations) -> Recipient:
         raise unauthenticated() from None
     globs = tuple(d for d in datasets if isinstance(d, str))
     return Recipient(tenant, globs, jti, int(payload["exp"]))
-
-
-def state_dir(settings: Settings) -> Path:
-    """The server's state folder (``LAKEHOUSE_API_STATE_DIR``, as the server
-    defaults it): the revocation list lives there, beside its staging and jobs."""
-    return settings.api_state_path
-
-
-class Revocations:
-    """The revoked token ids (``{state}/sharing/revoked.json``: ``{jti: exp}``).
-
-    Re-read when the file's mtime or size changes, so a ``revoke`` on the host
-    takes effect on the next request of every worker process. Entries past
-    their token's expiry are dropped on the next revocation.
-    """
-
-    def __init__(self, settings: Settings) -> None:
-        self.path = state_dir(settings) / "sharing" / "revoked.json"
-        self._seen: tuple[int, int] | None = None
-        self._ids: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def _load(self) -> dict[str, int]:
-        try:
-            stat = self.path.stat()
-        except FileNotFoundError:
-            return {}
-        key = (stat.st_mtime_ns, stat.st_size)
-        with self._lock:
-            if key != self._seen:
-                data = json.loads(self.path.read_text() or "{}")
-                self._ids = {str(k): int(v) for k, v in data.items()}
-                self._seen = key
-            return self._ids
-
-    def is_revoked(self, jti: str) -> bool:
-        return jti in self._load()
-
-    def revoke(self, jti: str, expires: int) -> None:
-        """Add ``jti`` (written atomically: a reader sees the old list or the new one)."""
-        now = int(datetime.now(UTC).timestamp())
-        ids = {k: v for k, v in self._load().items() if v > now}
-        ids[jti] = expires
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".revoked-")
-        with os.fdopen(fd, "w") as out:
-            json.dump(ids, out, sort_keys=True)
-        os.replace(tmp, self.path)

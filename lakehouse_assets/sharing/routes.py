@@ -46,13 +46,13 @@ from lakehouse_assets.settings import Settings
 from lakehouse_assets.sharing import tables
 from lakehouse_assets.sharing.recipients import (
     Recipient,
-    Revocations,
     SharingError,
     decode,
     unauthenticated,
 )
 from lakehouse_assets.sharing.urls import FileGrant, file_url, url_key, verify
 from lakehouse_assets.storage import LocalStore, Store
+from lakehouse_assets.tokens import Revocations
 
 #: Where the server mounts the protocol; a profile's endpoint is the server's URL plus this.
 PREFIX: Final = "/delta-sharing"
