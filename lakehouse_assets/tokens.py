@@ -16,6 +16,7 @@ import os
 import re
 import tempfile
 import threading
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -77,6 +78,8 @@ def token_claims(
         "sub": tenant,
         "datasets": datasets,
         "actions": actions,
+        # its id: what `lakehouse tokens revoke` lists to end it before it expires
+        "jti": uuid.uuid4().hex,
         "iat": int(now.timestamp()),
         "exp": int((now + expires).timestamp()),
     }
@@ -147,6 +150,29 @@ def claims_of(token: str, secret: str) -> dict[str, Any]:
         return verified_claims(token, secret, require=(), verify_exp=False, verify_aud=False)
     except TokenRefused as exc:
         raise InvalidNameError(f"not a token of this server: {exc.reason}") from None
+
+
+def revoke(settings: Settings, token_or_id: str) -> tuple[str, Path]:
+    """Refuse a token from now on, given the token or its id: (the id, the list's path).
+
+    A token's own expiry bounds how long its id stays listed; an id alone is
+    kept for the longest lifetime a token can have
+    (``LAKEHOUSE_API_TOKEN_MAX_HOURS``). A token without an id (issued before
+    tokens had one) cannot be revoked: :class:`InvalidNameError` says so."""
+    if token_or_id.count(".") == 2:  # a JWT: header.payload.signature
+        claims = claims_of(token_or_id, server_secret(settings))
+        jti = claims.get("jti")
+        if not isinstance(jti, str) or not jti:
+            raise InvalidNameError("this token has no id: it ends at its expiry")
+        expires = int(claims["exp"])
+    else:
+        jti = token_or_id.strip()
+        if not jti:
+            raise InvalidNameError("give a token or its id")
+        expires = int(datetime.now(UTC).timestamp() + settings.api_token_max_hours * 3600)
+    revocations = Revocations(settings)
+    revocations.revoke(jti, expires)
+    return jti, revocations.path
 
 
 def state_dir(settings: Settings) -> Path:

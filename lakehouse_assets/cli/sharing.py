@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -81,20 +80,13 @@ def revoke_cmd(obj: Context, profile_or_id: str) -> None:
     Example:
       lakehouse sharing revoke news.share
     """
-    from lakehouse_assets.tokens import Revocations, claims_of, server_secret
+    from lakehouse_assets.errors import InvalidNameError
+    from lakehouse_assets.tokens import revoke
 
     path = Path(profile_or_id)
-    if path.is_file():
-        token = json.loads(path.read_text())["bearerToken"]
-        claims = claims_of(token, server_secret(obj.settings))
-        if not isinstance(claims.get("jti"), str):
-            raise click.BadParameter("this token has no id: it ends at its expiry")
-        jti, expires = claims["jti"], int(claims["exp"])
-    else:
-        jti = profile_or_id
-        # not known: keep it listed for the longest lifetime a profile can have
-        limit = obj.settings.api_token_max_hours * 3600
-        expires = int(datetime.now(UTC).timestamp() + limit)
-    revocations = Revocations(obj.settings)
-    revocations.revoke(jti, expires)
-    click.echo(f"revoked {jti} (listed in {revocations.path})")
+    given = json.loads(path.read_text())["bearerToken"] if path.is_file() else profile_or_id
+    try:
+        jti, listed = revoke(obj.settings, given)
+    except InvalidNameError as exc:
+        raise click.BadParameter(str(exc), param_hint="PROFILE_OR_ID") from None
+    click.echo(f"revoked {jti} (listed in {listed})")

@@ -50,7 +50,7 @@ from lakehouse_assets.server import (
 from lakehouse_assets.server.deps import Lakes
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.sharing import mount as mount_sharing
-from lakehouse_assets.tokens import server_secret
+from lakehouse_assets.tokens import Revocations, server_secret
 
 log = logging.getLogger("lakehouse_assets.server")
 access_log = logging.getLogger("lakehouse_assets.server.access")
@@ -209,6 +209,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.secret = secret
+    app.state.revoked = Revocations(settings)
     app.state.lakes = Lakes(settings)
     app.state.worker = worker
 

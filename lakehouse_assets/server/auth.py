@@ -40,7 +40,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Request, Response
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import InvalidNameError
-from lakehouse_assets.tokens import Action, TokenRefused, verified_claims
+from lakehouse_assets.tokens import Action, Revocations, TokenRefused, verified_claims
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +84,13 @@ class Grant:
     actions: tuple[str, ...] = ()
     methods: tuple[str, ...] = ()
     prefixes: tuple[str, ...] = ()
+    #: the token's id (``jti``): listed in the revocation list, the token is refused
+    jti: str | None = None
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> Grant:
         sub = payload.get("sub")
+        jti = payload.get("jti") if isinstance(payload.get("jti"), str) else None
         if "actions" in payload or "datasets" in payload:
             try:
                 tenant = cv.tenant_name(sub)
@@ -98,6 +101,7 @@ class Grant:
                 tenant,
                 datasets=tuple(_strings(payload, "datasets")),
                 actions=tuple(_strings(payload, "actions")),
+                jti=jti,
             )
         # the peer's sub is free text: it names the tenant when it is a tenant name
         peer_tenant = sub if isinstance(sub, str) and cv.TENANT_NAME.match(sub) else None
@@ -106,6 +110,7 @@ class Grant:
             peer_tenant,
             methods=tuple(m.upper() for m in _strings(payload, "methods")),
             prefixes=tuple(_strings(payload, "prefixes")),
+            jti=jti,
         )
 
     def allows(self, method: str, path: str) -> bool:
@@ -182,12 +187,23 @@ def bearer(authorization: str | None) -> str | None:
     return value.strip()
 
 
+def request_grant(request: Request, token: str) -> Grant:
+    """The grant of a request's token: :func:`decode`, then the server's revocation
+    list (``lakehouse tokens revoke``; re-read when it changes): a revoked token is
+    401, as an expired one."""
+    grant = decode(token, request.app.state.secret)
+    revoked: Revocations = request.app.state.revoked
+    if grant.jti is not None and revoked.is_revoked(grant.jti):
+        raise unauthorized("revoked token")
+    return grant
+
+
 def authorize(request: Request) -> Grant:
     """The dependency of every dataset route: the request's grant, or 401/403."""
     token = bearer(request.headers.get("authorization"))
     if token is None:
         raise unauthorized("no bearer token")
-    grant = decode(token, request.app.state.secret)
+    grant = request_grant(request, token)
     if not grant.allows(request.method, request.url.path):
         raise forbidden(f"{grant.shape} token does not allow {request.method} {request.url.path}")
     request.state.grant = grant
@@ -215,7 +231,7 @@ def validate(
     token = bearer(request.headers.get("authorization"))
     if token is None:
         raise unauthorized("no bearer token")
-    grant = decode(token, request.app.state.secret)
+    grant = request_grant(request, token)
     path = original_path(x_original_uri)
     if not grant.allows(x_original_method, path):
         raise forbidden(f"{grant.shape} token does not allow {x_original_method} {path}")
