@@ -97,10 +97,13 @@ def _local_child(uri: str) -> None:
 
 
 def _commit() -> str:
-    done = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    return done.stdout.strip() or "?"
+    """This checkout's commit ("?" for a copy outside git, not the repository around it)."""
+    top = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--show-toplevel", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return top[1] if len(top) == 2 and Path(top[0]).resolve() == REPO else "?"
 
 
 def _load() -> str:
