@@ -64,8 +64,9 @@ def build(statements: int) -> Lakehouse:
     return lake
 
 
-def sharing_read(profile_path: Path, work: Path) -> tuple[int, float]:
-    """The connector's second ``load_as_pandas`` in a fresh process: (rows, seconds)."""
+def sharing_read(profile_path: Path, work: Path) -> tuple[int, float, float]:
+    """The connector's second ``load_as_pandas`` in a fresh process: (rows, seconds,
+    CPU seconds of all its threads)."""
     spec = work / "spec.json"
     spec.write_text(json.dumps([{"op": "load", "table": "lake.bench.statements"}] * 2))
     out = work / "out"
@@ -74,26 +75,36 @@ def sharing_read(profile_path: Path, work: Path) -> tuple[int, float]:
     bad = [r["error"] for r in results if not r["ok"]]
     if bad:
         raise SystemExit(f"the connector failed: {bad[0]}")
-    return int(results[1]["rows"]), float(results[1]["seconds"])
+    last = results[1]
+    return int(last["rows"]), float(last["seconds"]), float(last["cpu_seconds"])
 
 
-def local_read(lake: Lakehouse) -> tuple[int, float]:
-    """delta-rs's second ``to_pandas`` in a fresh process: (rows, seconds)."""
+def local_read(lake: Lakehouse) -> tuple[int, float, float]:
+    """delta-rs's second ``to_pandas`` in a fresh process: (rows, seconds, CPU seconds)."""
     where = lake.dataset("bench").statements_table
     args = [sys.executable, "-m", "benchmarks.sharing", "--local-read", where.uri]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(args, check=True, capture_output=True, text=True, env=env)
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    return int(got["rows"]), float(got["seconds"])
+    return int(got["rows"]), float(got["seconds"]), float(got["cpu_seconds"])
 
 
 def _local_child(uri: str) -> None:
-    """``--local-read``: read twice, print the second read's rows and seconds."""
+    """``--local-read``: read twice, print the second read's rows, seconds, CPU seconds."""
     for _ in range(2):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         frame = DeltaTable(uri).to_pandas()
-        seconds = time.perf_counter() - started
-    print(json.dumps({"rows": len(frame), "seconds": seconds}))
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    print(json.dumps({"rows": len(frame), "seconds": seconds, "cpu_seconds": cpu}))
+
+
+def _cpu_of(pid: int) -> float:
+    """A process's CPU seconds so far (user + system, from /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _commit() -> str:
@@ -126,6 +137,9 @@ def main() -> None:
     files = len(DeltaTable(lake.dataset("bench").statements_table.uri).file_uris())
     kinds = ["sharing", "local"] + (["baseline"] if args.baseline else [])
     times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    #: CPU seconds of a read: the reader's process, and for sharing the server's too
+    cpus: dict[str, list[float]] = {kind: [] for kind in kinds}
+    served: dict[str, list[float]] = {kind: [] for kind in kinds}
     rows: dict[str, int] = {}
     started = datetime.now(UTC)
     load_before = _load()
@@ -134,7 +148,7 @@ def main() -> None:
         servers = {"sharing": (work / "this", REPO)}
         if args.baseline:
             servers["baseline"] = (work / "baseline", args.baseline.resolve())
-        procs, profiles = [], {}
+        procs, profiles, pids = [], {}, {}
         token, claims = issue(
             SECRET, tenant="bench", datasets=["bench"], expires=timedelta(hours=3)
         )
@@ -143,17 +157,23 @@ def main() -> None:
                 state.mkdir()
                 port = free_port()
                 procs.append(start_server(lake, state, port, code))
+                pids[name] = procs[-1].pid
                 profiles[name] = state / "bench.share"
                 endpoint = f"http://127.0.0.1:{port}{PREFIX}"
                 profiles[name].write_text(json.dumps(profile(endpoint, token, claims["exp"])))
             for i in range(args.rounds):
                 order = kinds if i % 2 == 0 else kinds[::-1]
                 for name in order:
+                    before = _cpu_of(pids[name]) if name in pids else 0.0
                     got = (
                         local_read(lake) if name == "local" else sharing_read(profiles[name], work)
                     )
-                    rows[name], _ = got
+                    rows[name] = got[0]
                     times[name].append(got[1])
+                    cpus[name].append(got[2])
+                    # the server served two reads: the untimed first and the timed second
+                    if name in pids:
+                        served[name].append((_cpu_of(pids[name]) - before) / 2)
                 done = ", ".join(f"{k} {times[k][-1]:.2f} s" for k in kinds)
                 print(f"round {i + 1}: {done}, load {_load()}", flush=True)
         finally:
@@ -193,6 +213,13 @@ def main() -> None:
             f"median of the rounds' ratios {statistics.median(base):.2f}"
         )
     print(f"server: {requests / (2 * args.rounds):.0f} file requests per read ({files} files)")
+    for name in kinds:
+        cpu = statistics.median(cpus[name])
+        extra = ""
+        if served[name]:
+            server = statistics.median(served[name])
+            extra = f" + the server's {server:.2f} s = {cpu + server:.2f} s"
+        print(f"CPU per read (median), {labels[name]}: {cpu:.2f} s{extra}")
 
 
 if __name__ == "__main__":
