@@ -98,19 +98,26 @@ def tokens_issue(
 def tokens_revoke(obj: Context, token_or_id: str) -> None:
     """Refuse a token from now on (the token, or the id `tokens issue` printed).
 
-    Written to the server's state folder (LAKEHOUSE_API_STATE_DIR: run this
-    with the server's setting); every worker refuses it (401) from its next
-    request. Tokens issued before tokens had ids end only at their expiry.
+    The id goes to the revocation list the server reads (under
+    LAKEHOUSE_API_STATE_DIR, so give this command the server's value): 401
+    from the next request on. Older tokens, issued without an id, cannot be
+    revoked and end at their expiry.
 
     \b
     Example:
       lakehouse tokens revoke 3f2c9a0d8b7e4f61a2c5d9e0b1f34a7c
     """
+    revoke_and_say(obj, token_or_id, "TOKEN_OR_ID")
+
+
+def revoke_and_say(obj: Context, token_or_id: str, hint: str) -> None:
+    """:func:`~lakehouse_assets.tokens.revoke` for a command (tokens' and profiles'):
+    the id and the list it went to, or the reason as a bad ``hint`` parameter."""
     from lakehouse_assets.errors import InvalidNameError
     from lakehouse_assets.tokens import revoke
 
     try:
         jti, listed = revoke(obj.settings, token_or_id)
     except InvalidNameError as exc:
-        raise click.BadParameter(str(exc), param_hint="TOKEN_OR_ID") from None
+        raise click.BadParameter(str(exc), param_hint=hint) from None
     click.echo(f"revoked {jti} (listed in {listed})")

@@ -80,13 +80,8 @@ def revoke_cmd(obj: Context, profile_or_id: str) -> None:
     Example:
       lakehouse sharing revoke news.share
     """
-    from lakehouse_assets.errors import InvalidNameError
-    from lakehouse_assets.tokens import revoke
+    from lakehouse_assets.cli.server import revoke_and_say
 
     path = Path(profile_or_id)
     given = json.loads(path.read_text())["bearerToken"] if path.is_file() else profile_or_id
-    try:
-        jti, listed = revoke(obj.settings, given)
-    except InvalidNameError as exc:
-        raise click.BadParameter(str(exc), param_hint="PROFILE_OR_ID") from None
-    click.echo(f"revoked {jti} (listed in {listed})")
+    revoke_and_say(obj, given, "PROFILE_OR_ID")
