@@ -33,7 +33,7 @@ import httpx
 import orjson
 
 from lakehouse_assets import Lakehouse
-from lakehouse_assets.server.auth import issue_token
+from lakehouse_assets.tokens import issue_token
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "load-test-secret-" + "x" * 32
@@ -120,17 +120,22 @@ def run_tenant(url: str, tenant: Tenant, deadline: float, tally: Tally, seed: in
                     tenant.deleted[victim] = int(res.text)
 
 
-def start_server(lake: Lakehouse, state: Path, port: int) -> subprocess.Popen[bytes]:
+def start_server(
+    lake: Lakehouse, state: Path, port: int, code: Path = REPO
+) -> subprocess.Popen[bytes]:
+    """``lakehouse serve`` on 127.0.0.1:``port`` with the package of the checkout ``code``
+    (another checkout's for an A/B comparison), logging to ``state/server.log``."""
     env = {
         **os.environ,
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": str(code),
         "LAKEHOUSE_API_SECRET": SECRET,
         "LAKEHOUSE_API_STATE_DIR": str(state),
     }
     args = [sys.executable, "-m", "lakehouse_assets.cli", "--lake", lake.store.uri]
     args += ["--journal-url", lake.settings.resolved_journal_url(), "serve", "--port", str(port)]
     log = (state / "server.log").open("wb")
-    proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # in the checkout: `-m` puts the working folder first on sys.path
+    proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=code)
     for _ in range(300):
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:

@@ -33,8 +33,8 @@ import orjson
 from benchmarks.server_load import SECRET, free_port, start_server
 from lakehouse_assets import Lakehouse
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.server.auth import issue_token
 from lakehouse_assets.server.client import RemoteLakehouse
+from lakehouse_assets.tokens import issue_token
 
 REPO = Path(__file__).resolve().parent.parent
 

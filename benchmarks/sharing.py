@@ -7,12 +7,19 @@ about ``--statements`` statements (kek.ftm.json scaled, one flush), starts
 - **sharing**: ``delta_sharing.load_as_pandas`` of ``lake.bench.statements``
   with a profile from this server (the connector in ``.venv-sharing``: ``make
   sharing-client``), every file fetched over HTTP from the signed route;
-- **local**: ``DeltaTable(uri).to_pandas()`` in this process (delta-rs on the
-  lake's folder).
+- **local**: ``DeltaTable(uri).to_pandas()`` (delta-rs on the lake's folder).
 
-Best of ``--runs`` each; prints rows/s side by side, the ratio and the load.
+Honest on a shared machine: each round runs both, in alternating order, each
+in a fresh process of its own venv that reads twice and times the second read
+(imports, the first connection and the page cache warm for both alike). Prints
+the best and the median of ``--rounds`` for each, their ratios, the median of
+the rounds' own ratios (the two reads of a round share the machine's load), the
+server's file requests per read, the load before and after, the commit.
+``--baseline CHECKOUT`` adds a second server running that checkout's package
+on the same lake, read in the same rounds (before/after a change of the
+server, under the same load).
 
-    python -m benchmarks.sharing --statements 1000000 --runs 3
+    python -m benchmarks.sharing --statements 1000000 --rounds 5 [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -20,10 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
+import sys
 import tempfile
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from deltalake import DeltaTable
@@ -31,7 +40,7 @@ from deltalake import DeltaTable
 from benchmarks import data
 from benchmarks.server_load import SECRET, free_port, start_server
 from lakehouse_assets import Lakehouse
-from lakehouse_assets.sharing import issue, profile
+from lakehouse_assets.sharing import PREFIX, issue, profile
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / "benchmarks" / ".data"
@@ -55,58 +64,162 @@ def build(statements: int) -> Lakehouse:
     return lake
 
 
-def through_sharing(url: str, work: Path, runs: int) -> tuple[int, float]:
-    token, claims = issue(SECRET, tenant="bench", datasets=["bench"], expires=timedelta(hours=1))
-    path = work / "bench.share"
-    path.write_text(json.dumps(profile(url + "/delta-sharing", token, claims["exp"])))
+def sharing_read(profile_path: Path, work: Path) -> tuple[int, float, float]:
+    """The connector's second ``load_as_pandas`` in a fresh process: (rows, seconds,
+    CPU seconds of all its threads)."""
     spec = work / "spec.json"
-    spec.write_text(json.dumps([{"op": "load", "table": "lake.bench.statements"}] * runs))
+    spec.write_text(json.dumps([{"op": "load", "table": "lake.bench.statements"}] * 2))
     out = work / "out"
-    subprocess.run([str(PYTHON), str(DRIVER), str(path), str(spec), str(out)], check=True)
+    subprocess.run([str(PYTHON), str(DRIVER), str(profile_path), str(spec), str(out)], check=True)
     results = json.loads((out / "results.json").read_text())
     bad = [r["error"] for r in results if not r["ok"]]
     if bad:
         raise SystemExit(f"the connector failed: {bad[0]}")
-    return int(results[0]["rows"]), min(r["seconds"] for r in results)
+    last = results[1]
+    return int(last["rows"]), float(last["seconds"]), float(last["cpu_seconds"])
 
 
-def local(lake: Lakehouse, runs: int) -> tuple[int, float]:
+def local_read(lake: Lakehouse) -> tuple[int, float, float]:
+    """delta-rs's second ``to_pandas`` in a fresh process: (rows, seconds, CPU seconds)."""
     where = lake.dataset("bench").statements_table
-    best, rows = float("inf"), 0
-    for _ in range(runs):
-        started = time.perf_counter()
-        frame = DeltaTable(where.uri, storage_options=dict(where.storage_options)).to_pandas()
-        best = min(best, time.perf_counter() - started)
-        rows = len(frame)
-    return rows, best
+    args = [sys.executable, "-m", "benchmarks.sharing", "--local-read", where.uri]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(args, check=True, capture_output=True, text=True, env=env)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    return int(got["rows"]), float(got["seconds"]), float(got["cpu_seconds"])
+
+
+def _local_child(uri: str) -> None:
+    """``--local-read``: read twice, print the second read's rows, seconds, CPU seconds."""
+    for _ in range(2):
+        started, cpu = time.perf_counter(), time.process_time()
+        frame = DeltaTable(uri).to_pandas()
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    print(json.dumps({"rows": len(frame), "seconds": seconds, "cpu_seconds": cpu}))
+
+
+def _cpu_of(pid: int) -> float:
+    """A process's CPU seconds so far (user + system, from /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _commit() -> str:
+    """This checkout's commit ("?" for a copy outside git, not the repository around it)."""
+    top = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--show-toplevel", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return top[1] if len(top) == 2 and Path(top[0]).resolve() == REPO else "?"
+
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--statements", type=int, default=1_000_000)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--baseline", type=Path, help="a checkout whose server to read too")
+    parser.add_argument("--local-read", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.local_read:
+        _local_child(args.local_read)
+        return
     if not PYTHON.exists():
         raise SystemExit(f"{PYTHON} missing: run `make sharing-client`")
     lake = build(args.statements)
+    files = len(DeltaTable(lake.dataset("bench").statements_table.uri).file_uris())
+    kinds = ["sharing", "local"] + (["baseline"] if args.baseline else [])
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    #: CPU seconds of a read: the reader's process, and for sharing the server's too
+    cpus: dict[str, list[float]] = {kind: [] for kind in kinds}
+    served: dict[str, list[float]] = {kind: [] for kind in kinds}
+    rows: dict[str, int] = {}
+    started = datetime.now(UTC)
+    load_before = _load()
     with tempfile.TemporaryDirectory(prefix="bench-sharing-") as tmp:
         work = Path(tmp)
-        port = free_port()
-        proc = start_server(lake, work, port)
+        servers = {"sharing": (work / "this", REPO)}
+        if args.baseline:
+            servers["baseline"] = (work / "baseline", args.baseline.resolve())
+        procs, profiles, pids = [], {}, {}
+        token, claims = issue(
+            SECRET, tenant="bench", datasets=["bench"], expires=timedelta(hours=3)
+        )
         try:
-            shared_rows, shared_s = through_sharing(f"http://127.0.0.1:{port}", work, args.runs)
+            for name, (state, code) in servers.items():
+                state.mkdir()
+                port = free_port()
+                procs.append(start_server(lake, state, port, code))
+                pids[name] = procs[-1].pid
+                profiles[name] = state / "bench.share"
+                endpoint = f"http://127.0.0.1:{port}{PREFIX}"
+                profiles[name].write_text(json.dumps(profile(endpoint, token, claims["exp"])))
+            for i in range(args.rounds):
+                order = kinds if i % 2 == 0 else kinds[::-1]
+                for name in order:
+                    before = _cpu_of(pids[name]) if name in pids else 0.0
+                    got = (
+                        local_read(lake) if name == "local" else sharing_read(profiles[name], work)
+                    )
+                    rows[name] = got[0]
+                    times[name].append(got[1])
+                    cpus[name].append(got[2])
+                    # the server served two reads: the untimed first and the timed second
+                    if name in pids:
+                        served[name].append((_cpu_of(pids[name]) - before) / 2)
+                done = ", ".join(f"{k} {times[k][-1]:.2f} s" for k in kinds)
+                print(f"round {i + 1}: {done}, load {_load()}", flush=True)
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-    local_rows, local_s = local(lake, args.runs)
-    assert shared_rows == local_rows, (shared_rows, local_rows)
-    print(f"{'read':<34}{'rows':>10}{'seconds':>10}{'rows/s':>12}")
-    for name, rows, secs in (
-        ("delta_sharing.load_as_pandas (HTTP)", shared_rows, shared_s),
-        ("DeltaTable.to_pandas (local)", local_rows, local_s),
-    ):
-        print(f"{name:<34}{rows:>10}{secs:>10.2f}{rows / secs:>12,.0f}")
-    print(f"ratio sharing/local: {local_s / shared_s:.2f}   load: {os.getloadavg()}")
+            for proc in procs:
+                proc.terminate()
+                proc.wait(timeout=30)
+        log = (work / "this" / "server.log").read_text(errors="replace")
+    requests = sum(f" {PREFIX}/files/" in line for line in log.splitlines())
+    assert len(set(rows.values())) == 1, rows
+    n = rows["local"]
+    print(
+        f"\n{started:%Y-%m-%d %H:%M} UTC, commit {_commit()}, {n:,} statements in {files} files, "
+        f"{args.rounds} rounds; load {load_before} before, {_load()} after"
+    )
+    print(f"{'read':<36}{'best s':>8}{'median s':>10}{'best rows/s':>13}{'median rows/s':>15}")
+    labels = {
+        "sharing": "delta_sharing.load_as_pandas (HTTP)",
+        "baseline": "the same, the baseline's server",
+        "local": "DeltaTable.to_pandas (local)",
+    }
+    for name in kinds:
+        label = labels[name]
+        best, median = min(times[name]), statistics.median(times[name])
+        print(f"{label:<36}{best:>8.2f}{median:>10.2f}{n / best:>13,.0f}{n / median:>15,.0f}")
+    rounds = [lo / sh for sh, lo in zip(times["sharing"], times["local"], strict=True)]
+    print(
+        f"ratio sharing/local (rows/s): best {min(times['local']) / min(times['sharing']):.2f}, "
+        f"median {statistics.median(times['local']) / statistics.median(times['sharing']):.2f}, "
+        f"median of the rounds' ratios {statistics.median(rounds):.2f}"
+    )
+    if args.baseline:
+        base = [lo / sh for sh, lo in zip(times["baseline"], times["local"], strict=True)]
+        print(
+            f"ratio baseline/local (rows/s): best "
+            f"{min(times['local']) / min(times['baseline']):.2f}, median "
+            f"{statistics.median(times['local']) / statistics.median(times['baseline']):.2f}, "
+            f"median of the rounds' ratios {statistics.median(base):.2f}"
+        )
+    print(f"server: {requests / (2 * args.rounds):.0f} file requests per read ({files} files)")
+    for name in kinds:
+        cpu = statistics.median(cpus[name])
+        extra = ""
+        if served[name]:
+            server = statistics.median(served[name])
+            extra = f" + the server's {server:.2f} s = {cpu + server:.2f} s"
+        print(f"CPU per read (median), {labels[name]}: {cpu:.2f} s{extra}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ this with import-linter (the contract in ``setup.cfg``, ``[importlinter]``):
    :mod:`.sources`, :mod:`.reduce`, :mod:`.journal_duckdb`, :mod:`.staging`;
    :mod:`.access`, :mod:`.tables` (the Delta tables), :mod:`.locks`,
    :mod:`.tags`, :mod:`.jobs`, :mod:`.entities`, :mod:`.queue_ledger` (the
-   queue's table in the journal's database, which it creates on first use);
+   queue's table in the journal's database, which it creates on first use),
+   :mod:`.tokens` (the tenant API's tokens, below the server and the sharing
+   routes that both read them);
 5. storage: :mod:`.journal`, :mod:`.storage`; :mod:`.journal_sqlite`, :mod:`.journal_rows`;
 6. ground: :mod:`.conventions` (the lake's layout), :mod:`.settings`,
    :mod:`.bounded`, :mod:`.faults`, :mod:`.progress`, :mod:`.preload`; then

@@ -359,7 +359,12 @@ class LocalStore(Store):
         return self._stat(path).st_size
 
     def fingerprint(self, path: str) -> str:
-        info = self._stat(path)
+        return self.stat_fingerprint(self._stat(path))
+
+    @staticmethod
+    def stat_fingerprint(info: os.stat_result) -> str:
+        """:meth:`fingerprint` from a ``stat`` already made (a caller that needs the
+        size too stats once)."""
         return f"size={info.st_size};mtime_ns={info.st_mtime_ns}"
 
     def full_uri(self, path: str = "") -> str:

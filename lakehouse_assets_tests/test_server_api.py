@@ -180,6 +180,64 @@ def test_missing_expired_forged_tokens_are_401(server: Server) -> None:
             assert client.get("/nope/_api/status").status_code == 401
 
 
+def _cli(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
+    """``lakehouse ARGS`` with the server's secret and state folder (its revocation list)."""
+    env = {
+        "PYTHONPATH": str(REPO),
+        "LAKEHOUSE_API_SECRET": SECRET,
+        "LAKEHOUSE_API_STATE_DIR": str(server.state_dir),
+        "PATH": "/usr/bin:/bin",
+    }
+    cmd = [sys.executable, "-m", "lakehouse_assets.cli", "--lake", server.lake.store.uri, *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_revoked_tenant_token_is_401_from_the_next_request(server: Server) -> None:
+    """``lakehouse tokens revoke`` (the token, or the id ``tokens issue`` printed)
+    ends a token before its expiry; other tokens, and ids-less older ones, go on."""
+    revoked, other = server.token(actions=("read",)), server.token(actions=("read",))
+    issued = _cli(
+        server,
+        "tokens",
+        "issue",
+        "--tenant",
+        "tester",
+        "--dataset",
+        "alpha",
+        "--scope",
+        "read",
+        "--expires",
+        "1h",
+    )
+    assert issued.returncode == 0, issued.stderr
+    by_id, token_id = issued.stdout.strip(), issued.stderr.strip().rsplit(" ", 1)[-1]
+    assert jwt.decode(by_id, SECRET, algorithms=["HS256"])["jti"] == token_id
+    legacy = jwt.encode(  # as tokens were before they had ids
+        {"sub": "tester", "datasets": ["*"], "actions": ["read"], "exp": time.time() + 600},
+        SECRET,
+    )
+    proxied = {"X-Original-URI": "/alpha/_api/status", "X-Original-Method": "GET"}
+    for token in (revoked, other, by_id, legacy):
+        with server.client(token) as client:
+            assert client.get("/alpha/_api/status").status_code == 200
+    assert _cli(server, "tokens", "revoke", revoked).returncode == 0
+    assert _cli(server, "tokens", "revoke", token_id).returncode == 0
+    for token in (revoked, by_id):
+        with server.client(token) as client:
+            res = client.get("/alpha/_api/status")
+            assert res.status_code == 401 and res.headers["www-authenticate"] == "Bearer"
+            assert client.get("/_auth/validate", headers=proxied).status_code == 401
+            assert client.get("/index.json").status_code == 401
+    for token in (other, legacy):
+        with server.client(token) as client:
+            assert client.get("/alpha/_api/status").status_code == 200
+            assert client.get("/_auth/validate", headers=proxied).status_code == 200
+    no_id = _cli(server, "tokens", "revoke", legacy)
+    assert no_id.returncode == 2 and "no id" in no_id.stderr
+    forged = jwt.encode({"jti": "x", "exp": time.time() + 60}, "y" * 40, algorithm="HS256")
+    assert _cli(server, "tokens", "revoke", forged).returncode == 2
+
+
 def test_scope_boundaries(server: Server) -> None:
     read = server.token(datasets=("alpha",), actions=("read",))
     write = server.token(datasets=("alpha",), actions=("write",))
@@ -386,6 +444,13 @@ def test_archive_upload_download_delete(server: Server, admin: httpx.Client) -> 
     assert tail.status_code == 206 and tail.content == data[-5:]
     bad = admin.get(f"/alpha/_api/archive/{digest}/data", headers={"Range": f"bytes={len(data)}-"})
     assert bad.status_code == 416
+    # HEAD: the GET's status and headers, of the whole file or of the range, no body
+    head = admin.head(f"/alpha/_api/archive/{digest}/data")
+    assert head.status_code == 200 and head.headers["content-length"] == str(len(data))
+    assert head.headers["etag"] == f'"{digest}"' and head.content == b""
+    head = admin.head(f"/alpha/_api/archive/{digest}/data", headers={"Range": "bytes=10-19"})
+    assert head.status_code == 206 and head.headers["content-range"] == f"bytes 10-19/{len(data)}"
+    assert head.headers["content-length"] == "10"
 
     # wrong checksum, oversize, a path for a name: refused, nothing stored
     wrong = admin.post(

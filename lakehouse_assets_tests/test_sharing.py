@@ -242,6 +242,24 @@ def test_forged_expired_revoked_tokens_and_tampered_urls_are_refused(shared: Sha
         assert head.status_code == 200 and int(head.headers["content-length"]) == file["size"]
         part = plain.get(file["url"], headers={"Range": "bytes=0-3"})
         assert part.status_code == 206 and part.content == b"PAR1"
+        assert part.headers["content-range"] == f"bytes 0-3/{file['size']}"
+        # the whole file as the lake holds it; the footer by a suffix range (how
+        # Parquet readers start); HEAD of a range; ETag → 304; past the end → 416
+        whole = plain.get(file["url"])
+        on_disk = shared.lake.store.read_bytes(f"alpha/entities/statements/{_granted(file)}")
+        assert whole.status_code == 200 and whole.content == on_disk
+        tail = plain.get(file["url"], headers={"Range": "bytes=-8"})
+        assert tail.status_code == 206 and tail.content == on_disk[-8:]
+        assert tail.content.endswith(b"PAR1")
+        head = plain.head(file["url"], headers={"Range": "bytes=4-103"})
+        assert head.status_code == 206 and head.headers["content-length"] == "100"
+        assert head.headers["content-range"] == f"bytes 4-103/{file['size']}"
+        etag = whole.headers["etag"]
+        again = plain.get(file["url"], headers={"If-None-Match": etag})
+        assert again.status_code == 304 and again.content == b""
+        past = plain.get(file["url"], headers={"Range": f"bytes={file['size']}-"})
+        assert past.status_code == 416
+        assert past.headers["content-range"] == f"bytes */{file['size']}"
         prefix, _, query = file["url"].partition("?")
         params = dict(p.split("=", 1) for p in query.split("&"))
         tampered = dict(params, s=params["s"][:-2] + ("AA" if params["s"][-2:] != "AA" else "BB"))
@@ -278,6 +296,12 @@ def test_forged_expired_revoked_tokens_and_tampered_urls_are_refused(shared: Sha
         assert c.get(url).status_code == 401
     with httpx.Client() as plain:
         assert plain.get(file["url"]).status_code == 403
+
+
+def _granted(file: dict[str, Any]) -> str:
+    """The table file's path a local file URL grants (the grant's third field)."""
+    grant = file["url"].partition("?g=")[2].partition("&")[0]
+    return str(json.loads(base64.urlsafe_b64decode(grant + "=" * (-len(grant) % 4)))[2])
 
 
 def test_an_expired_file_url_is_refused(shared: Shared, tmp_path: Path) -> None:

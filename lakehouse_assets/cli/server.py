@@ -73,7 +73,7 @@ def tokens_issue(
     Example:
       lakehouse tokens issue --tenant aleph --dataset news --scope read --expires 1h
     """
-    from lakehouse_assets.server.auth import issue_token, parse_duration, server_secret
+    from lakehouse_assets.tokens import parse_duration, server_secret, sign, token_claims
 
     try:
         lifetime = parse_duration(expires)
@@ -85,11 +85,39 @@ def tokens_issue(
             f"{expires} is longer than LAKEHOUSE_API_TOKEN_MAX_HOURS ({limit:g} h)",
             param_hint="--expires",
         )
-    token = issue_token(
-        server_secret(obj.settings),
-        tenant=tenant,
-        datasets=list(datasets),
-        actions=list(scopes),
-        expires=lifetime,
+    claims = token_claims(
+        tenant=tenant, datasets=list(datasets), actions=list(scopes), expires=lifetime
     )
-    click.echo(token)
+    click.echo(sign(claims, server_secret(obj.settings)))
+    click.echo(f"token id (for `lakehouse tokens revoke`): {claims['jti']}", err=True)
+
+
+@tokens.command("revoke")
+@click.argument("token_or_id")
+@pass_ctx
+def tokens_revoke(obj: Context, token_or_id: str) -> None:
+    """Refuse a token from now on (the token, or the id `tokens issue` printed).
+
+    The id goes to the revocation list the server reads (under
+    LAKEHOUSE_API_STATE_DIR, so give this command the server's value): 401
+    from the next request on. Older tokens, issued without an id, cannot be
+    revoked and end at their expiry.
+
+    \b
+    Example:
+      lakehouse tokens revoke 3f2c9a0d8b7e4f61a2c5d9e0b1f34a7c
+    """
+    revoke_and_say(obj, token_or_id, "TOKEN_OR_ID")
+
+
+def revoke_and_say(obj: Context, token_or_id: str, hint: str) -> None:
+    """:func:`~lakehouse_assets.tokens.revoke` for a command (tokens' and profiles'):
+    the id and the list it went to, or the reason as a bad ``hint`` parameter."""
+    from lakehouse_assets.errors import InvalidNameError
+    from lakehouse_assets.tokens import revoke
+
+    try:
+        jti, listed = revoke(obj.settings, token_or_id)
+    except InvalidNameError as exc:
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+    click.echo(f"revoked {jti} (listed in {listed})")

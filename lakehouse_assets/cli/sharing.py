@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -46,8 +45,8 @@ def profile_cmd(
     Example:
       lakehouse sharing profile --tenant analysts --dataset news --expires 30d > news.share
     """
-    from lakehouse_assets.server.auth import parse_duration, server_secret
     from lakehouse_assets.sharing import PREFIX, issue, profile
+    from lakehouse_assets.tokens import parse_duration, server_secret
 
     try:
         lifetime = parse_duration(expires)
@@ -81,22 +80,8 @@ def revoke_cmd(obj: Context, profile_or_id: str) -> None:
     Example:
       lakehouse sharing revoke news.share
     """
-    from lakehouse_assets.server.auth import server_secret
-    from lakehouse_assets.sharing import Revocations
-    from lakehouse_assets.sharing.recipients import claims_of
+    from lakehouse_assets.cli.server import revoke_and_say
 
     path = Path(profile_or_id)
-    if path.is_file():
-        token = json.loads(path.read_text())["bearerToken"]
-        claims = claims_of(token, server_secret(obj.settings))
-        if not isinstance(claims.get("jti"), str):
-            raise click.BadParameter("this token has no id: it ends at its expiry")
-        jti, expires = claims["jti"], int(claims["exp"])
-    else:
-        jti = profile_or_id
-        # not known: keep it listed for the longest lifetime a profile can have
-        limit = obj.settings.api_token_max_hours * 3600
-        expires = int(datetime.now(UTC).timestamp() + limit)
-    revocations = Revocations(obj.settings)
-    revocations.revoke(jti, expires)
-    click.echo(f"revoked {jti} (listed in {revocations.path})")
+    given = json.loads(path.read_text())["bearerToken"] if path.is_file() else profile_or_id
+    revoke_and_say(obj, given, "PROFILE_OR_ID")

@@ -50,6 +50,7 @@ from lakehouse_assets.server import (
 from lakehouse_assets.server.deps import Lakes
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.sharing import mount as mount_sharing
+from lakehouse_assets.tokens import Revocations, server_secret
 
 log = logging.getLogger("lakehouse_assets.server")
 access_log = logging.getLogger("lakehouse_assets.server.access")
@@ -186,7 +187,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ``LAKEHOUSE_API_SECRET``) without a secret of sufficient length.
     """
     settings = settings or Settings()
-    secret = auth.server_secret(settings)
+    secret = server_secret(settings)
     worker = operations.Worker(settings)
 
     @asynccontextmanager
@@ -208,6 +209,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.secret = secret
+    app.state.revoked = Revocations(settings)
     app.state.lakes = Lakes(settings)
     app.state.worker = worker
 

@@ -18,7 +18,11 @@ is 403, as the peer answers. The signature is checked by PyJWT, which compares
 HMACs in constant time. No token ever reaches a log line: failures are logged
 with their reason only.
 
+Tokens are issued by :mod:`lakehouse_assets.tokens` (below this package and
+the sharing routes, which accept them too).
+
 Example:
+    >>> from lakehouse_assets.tokens import issue_token
     >>> token = issue_token("0" * 32, tenant="aleph", datasets=["news"],
     ...                     actions=["read"], expires=timedelta(hours=1))
 """
@@ -27,27 +31,19 @@ from __future__ import annotations
 
 import logging
 import posixpath
-import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
 from typing import Annotated, Any, Final, Literal
 from urllib.parse import unquote
 
-import jwt
 from fastapi import APIRouter, Depends, Header, HTTPException, Request, Response
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.errors import ConfigurationError, InvalidNameError
-from lakehouse_assets.settings import Settings
+from lakehouse_assets.errors import InvalidNameError
+from lakehouse_assets.tokens import Action, Revocations, TokenRefused, verified_claims
 
 log = logging.getLogger(__name__)
 
-Action = Literal["read", "write", "operate", "admin"]
-ACTIONS: Final[tuple[Action, ...]] = ("read", "write", "operate", "admin")
-#: HS256 keys shorter than the hash are guessable offline from one token (RFC 7518 §3.2).
-MIN_SECRET_CHARS: Final = 32
-ALGORITHM: Final = "HS256"
 SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Routes anyone may call: the health check, the API's documentation, the validator.
 PUBLIC_PATHS: Final = frozenset(
@@ -69,59 +65,6 @@ def forbidden(reason: str) -> HTTPException:
     return HTTPException(403, detail="Forbidden")
 
 
-def server_secret(settings: Settings) -> str:
-    """The signing key, or a :class:`ConfigurationError` naming the setting."""
-    secret = settings.api_secret.get_secret_value() if settings.api_secret else ""
-    if len(secret) < MIN_SECRET_CHARS:
-        have = "is not set" if not secret else f"has {len(secret)} characters"
-        raise ConfigurationError(
-            f"LAKEHOUSE_API_SECRET {have}: the server needs a secret of at least "
-            f"{MIN_SECRET_CHARS} characters to sign tokens (e.g. `openssl rand -hex 32`)"
-        )
-    return secret
-
-
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
-_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> timedelta:
-    """``90s``, ``15m``, ``1h``, ``7d`` as a ``timedelta`` (positive)."""
-    match = _DURATION.match(text.strip())
-    if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"{text!r} is not a duration such as 30m, 1h or 7d")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
-
-
-def issue_token(
-    secret: str,
-    *,
-    tenant: str,
-    datasets: list[str],
-    actions: list[str],
-    expires: timedelta,
-) -> str:
-    """A token of our shape; every name is checked before it is signed."""
-    tenant = cv.tenant_name(tenant)
-    for pattern in datasets:
-        if not pattern or not re.fullmatch(r"[a-z0-9_*?\[\]]+", pattern):
-            raise InvalidNameError(f"dataset {pattern!r}: a dataset name or a glob such as news_*")
-    for action in actions:
-        if action not in ACTIONS:
-            raise InvalidNameError(f"action {action!r}: one of {', '.join(ACTIONS)}")
-    if not datasets or not actions:
-        raise InvalidNameError("a token names at least one dataset and one action")
-    now = datetime.now(UTC)
-    claims = {
-        "sub": tenant,
-        "datasets": datasets,
-        "actions": actions,
-        "iat": int(now.timestamp()),
-        "exp": int((now + expires).timestamp()),
-    }
-    return jwt.encode(claims, secret, algorithm=ALGORITHM)
-
-
 def _strings(payload: dict[str, Any], key: str) -> list[str]:
     value = payload.get(key, [])
     if isinstance(value, str):
@@ -141,10 +84,13 @@ class Grant:
     actions: tuple[str, ...] = ()
     methods: tuple[str, ...] = ()
     prefixes: tuple[str, ...] = ()
+    #: the token's id (``jti``): listed in the revocation list, the token is refused
+    jti: str | None = None
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> Grant:
         sub = payload.get("sub")
+        jti = payload.get("jti") if isinstance(payload.get("jti"), str) else None
         if "actions" in payload or "datasets" in payload:
             try:
                 tenant = cv.tenant_name(sub)
@@ -155,6 +101,7 @@ class Grant:
                 tenant,
                 datasets=tuple(_strings(payload, "datasets")),
                 actions=tuple(_strings(payload, "actions")),
+                jti=jti,
             )
         # the peer's sub is free text: it names the tenant when it is a tenant name
         peer_tenant = sub if isinstance(sub, str) and cv.TENANT_NAME.match(sub) else None
@@ -163,6 +110,7 @@ class Grant:
             peer_tenant,
             methods=tuple(m.upper() for m in _strings(payload, "methods")),
             prefixes=tuple(_strings(payload, "prefixes")),
+            jti=jti,
         )
 
     def allows(self, method: str, path: str) -> bool:
@@ -216,13 +164,9 @@ def required_action(method: str, path: str) -> tuple[str | None, Action | None]:
 def decode(token: str, secret: str) -> Grant:
     """The grant of a token (401 unless it is well-formed, signed with ``secret`` and live)."""
     try:
-        payload = jwt.decode(token, secret, algorithms=[ALGORITHM], options={"require": ["exp"]})
-    except jwt.ExpiredSignatureError:
-        raise unauthorized("expired token") from None
-    except jwt.InvalidTokenError as exc:
-        raise unauthorized(f"invalid token: {type(exc).__name__}") from None
-    if not isinstance(payload, dict):
-        raise unauthorized("payload is not an object")
+        payload = verified_claims(token, secret)
+    except TokenRefused as exc:
+        raise unauthorized(exc.reason) from None
     return Grant.from_payload(payload)
 
 
@@ -243,12 +187,23 @@ def bearer(authorization: str | None) -> str | None:
     return value.strip()
 
 
+def request_grant(request: Request, token: str) -> Grant:
+    """The grant of a request's token: :func:`decode`, then the server's revocation
+    list (``lakehouse tokens revoke``; re-read when it changes): a revoked token is
+    401, as an expired one."""
+    grant = decode(token, request.app.state.secret)
+    revoked: Revocations = request.app.state.revoked
+    if grant.jti is not None and revoked.is_revoked(grant.jti):
+        raise unauthorized("revoked token")
+    return grant
+
+
 def authorize(request: Request) -> Grant:
     """The dependency of every dataset route: the request's grant, or 401/403."""
     token = bearer(request.headers.get("authorization"))
     if token is None:
         raise unauthorized("no bearer token")
-    grant = decode(token, request.app.state.secret)
+    grant = request_grant(request, token)
     if not grant.allows(request.method, request.url.path):
         raise forbidden(f"{grant.shape} token does not allow {request.method} {request.url.path}")
     request.state.grant = grant
@@ -276,7 +231,7 @@ def validate(
     token = bearer(request.headers.get("authorization"))
     if token is None:
         raise unauthorized("no bearer token")
-    grant = decode(token, request.app.state.secret)
+    grant = request_grant(request, token)
     path = original_path(x_original_uri)
     if not grant.allows(x_original_method, path):
         raise forbidden(f"{grant.shape} token does not allow {x_original_method} {path}")

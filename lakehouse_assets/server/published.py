@@ -35,7 +35,7 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import SourceNotFoundError
 from lakehouse_assets.http_files import content_sha256, file_response
 from lakehouse_assets.lake import Dataset, Lakehouse
-from lakehouse_assets.server.auth import Grant, authorize, bearer, decode, unauthorized
+from lakehouse_assets.server.auth import Grant, authorize, bearer, request_grant, unauthorized
 from lakehouse_assets.server.deps import lake_of
 from lakehouse_assets.settings import Settings
 
@@ -69,7 +69,7 @@ def _readable(request: Request) -> tuple[Lakehouse, Grant | None]:
     token = bearer(request.headers.get("authorization"))
     if token is None:
         raise unauthorized("no bearer token")
-    grant = decode(token, request.app.state.secret)
+    grant = request_grant(request, token)
     return lake_of(request, grant), grant
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from typing import Any, Final
 
-from lakehouse_assets.server.auth import server_secret
 from lakehouse_assets.settings import Settings
+from lakehouse_assets.tokens import server_secret
 
 GRACE_SECONDS: Final = 30
 LOG_FORMAT: Final = "%(asctime)s %(levelname)s [%(request_id)s] %(name)s: %(message)s"

@@ -17,8 +17,9 @@ Example:
     >>> mount(app, settings, secret)          # the server's app does this
 """
 
-from lakehouse_assets.sharing.recipients import Recipient, Revocations, SharingError, issue, profile
+from lakehouse_assets.sharing.recipients import Recipient, SharingError, issue, profile
 from lakehouse_assets.sharing.routes import PREFIX, SHARE, mount
+from lakehouse_assets.tokens import Revocations
 
 __all__ = [
     "PREFIX",

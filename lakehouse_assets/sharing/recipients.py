@@ -1,8 +1,9 @@
 """Recipients: who reads a share, with which token, and how a token is revoked.
 
 A recipient is a bearer token signed with the server's ``LAKEHOUSE_API_SECRET``
-(HS256, the tenant API's machinery): the tenant in ``sub``, the datasets it
-may read in ``datasets`` (names or globs), ``actions: ["read"]``, ``exp``. A
+(HS256, the tenant API's machinery, :mod:`lakehouse_assets.tokens`): the tenant
+in ``sub``, the datasets it may read in ``datasets`` (names or globs),
+``actions: ["read"]``, ``exp``. A
 **profile token** (``lakehouse sharing profile``) carries two more claims:
 
 - ``aud: "delta-sharing"``: PyJWT refuses a token with an audience where the
@@ -25,30 +26,19 @@ Example:
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-import threading
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
-from pathlib import Path
 from typing import Any, Final
-
-import jwt
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import InvalidNameError, LakehouseError
-from lakehouse_assets.settings import Settings
+from lakehouse_assets.tokens import Revocations, TokenRefused, sign, token_claims, verified_claims
 
 #: The audience of a profile token: the tenant API refuses it, the sharing server wants it.
 AUDIENCE: Final = "delta-sharing"
-ALGORITHM: Final = "HS256"
 #: Actions of the tenant API's tokens that allow reading a dataset's tables.
 READ_ACTIONS: Final = frozenset({"read", "admin"})
-#: A profile names datasets by name or glob, as the tenant API's tokens do.
-_DATASET_GLOB: Final = "abcdefghijklmnopqrstuvwxyz0123456789_*?[]"
 
 
 class SharingError(LakehouseError):
@@ -81,25 +71,13 @@ def issue(
     secret: str, *, tenant: str, datasets: list[str], expires: timedelta
 ) -> tuple[str, dict[str, Any]]:
     """A profile token (``aud`` delta-sharing, a fresh ``jti``) and its claims."""
-    tenant = cv.tenant_name(tenant)
     if not datasets:
         raise InvalidNameError("a profile names at least one dataset")
-    for pattern in datasets:
-        if not pattern or any(c not in _DATASET_GLOB for c in pattern):
-            raise InvalidNameError(f"dataset {pattern!r}: a dataset name or a glob such as news_*")
     if expires <= timedelta(0):
         raise InvalidNameError("a profile expires in the future")
-    now = datetime.now(UTC)
-    claims: dict[str, Any] = {
-        "sub": tenant,
-        "datasets": list(datasets),
-        "actions": ["read"],
-        "aud": AUDIENCE,
-        "jti": uuid.uuid4().hex,
-        "iat": int(now.timestamp()),
-        "exp": int((now + expires).timestamp()),
-    }
-    return jwt.encode(claims, secret, algorithm=ALGORITHM), claims
+    claims = token_claims(tenant=tenant, datasets=list(datasets), actions=["read"], expires=expires)
+    claims["aud"] = AUDIENCE
+    return sign(claims, secret), claims
 
 
 def profile(endpoint: str, token: str, expires: int) -> dict[str, Any]:
@@ -113,37 +91,14 @@ def profile(endpoint: str, token: str, expires: int) -> dict[str, Any]:
     }
 
 
-def claims_of(token: str, secret: str) -> dict[str, Any]:
-    """The claims of a well-signed token, expired or not (what ``revoke`` needs)."""
-    try:
-        payload = jwt.decode(
-            token,
-            secret,
-            algorithms=[ALGORITHM],
-            options={"verify_exp": False, "verify_aud": False},
-        )
-    except jwt.InvalidTokenError as exc:
-        raise InvalidNameError(f"not a token of this server: {type(exc).__name__}") from None
-    if not isinstance(payload, dict):
-        raise InvalidNameError("not a token of this server: its payload is not an object")
-    return payload
-
-
 def decode(token: str, secret: str, revoked: Revocations) -> Recipient:
     """The recipient of a token, or a 401 :class:`SharingError` (never the token's text)."""
     try:
-        payload = jwt.decode(
-            token,
-            secret,
-            algorithms=[ALGORITHM],
-            options={"require": ["exp", "sub"], "verify_aud": False},
-        )
-    except jwt.ExpiredSignatureError:
-        raise unauthenticated("the token has expired") from None
-    except jwt.InvalidTokenError:
-        raise unauthenticated("the token is not one of this server's") from None
-    if not isinstance(payload, dict):
-        raise unauthenticated()
+        payload = verified_claims(token, secret, require=("exp", "sub"), verify_aud=False)
+    except TokenRefused as exc:
+        raise unauthenticated(
+            "the token has expired" if exc.expired else "the token is not one of this server's"
+        ) from None
     aud = payload.get("aud")
     if aud is not None and aud != AUDIENCE:
         raise unauthenticated("the token is not for Delta Sharing")
@@ -161,51 +116,3 @@ def decode(token: str, secret: str, revoked: Revocations) -> Recipient:
         raise unauthenticated() from None
     globs = tuple(d for d in datasets if isinstance(d, str))
     return Recipient(tenant, globs, jti, int(payload["exp"]))
-
-
-def state_dir(settings: Settings) -> Path:
-    """The server's state folder (``LAKEHOUSE_API_STATE_DIR``, as the server
-    defaults it): the revocation list lives there, beside its staging and jobs."""
-    return settings.api_state_path
-
-
-class Revocations:
-    """The revoked token ids (``{state}/sharing/revoked.json``: ``{jti: exp}``).
-
-    Re-read when the file's mtime or size changes, so a ``revoke`` on the host
-    takes effect on the next request of every worker process. Entries past
-    their token's expiry are dropped on the next revocation.
-    """
-
-    def __init__(self, settings: Settings) -> None:
-        self.path = state_dir(settings) / "sharing" / "revoked.json"
-        self._seen: tuple[int, int] | None = None
-        self._ids: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def _load(self) -> dict[str, int]:
-        try:
-            stat = self.path.stat()
-        except FileNotFoundError:
-            return {}
-        key = (stat.st_mtime_ns, stat.st_size)
-        with self._lock:
-            if key != self._seen:
-                data = json.loads(self.path.read_text() or "{}")
-                self._ids = {str(k): int(v) for k, v in data.items()}
-                self._seen = key
-            return self._ids
-
-    def is_revoked(self, jti: str) -> bool:
-        return jti in self._load()
-
-    def revoke(self, jti: str, expires: int) -> None:
-        """Add ``jti`` (written atomically: a reader sees the old list or the new one)."""
-        now = int(datetime.now(UTC).timestamp())
-        ids = {k: v for k, v in self._load().items() if v > now}
-        ids[jti] = expires
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".revoked-")
-        with os.fdopen(fd, "w") as out:
-            json.dump(ids, out, sort_keys=True)
-        os.replace(tmp, self.path)

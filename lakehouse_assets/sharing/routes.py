@@ -26,6 +26,8 @@ import base64
 import binascii
 import hashlib
 import json
+import os
+import stat
 import time
 from collections.abc import Iterable
 from typing import Annotated, Any, Final
@@ -38,24 +40,26 @@ from starlette.concurrency import run_in_threadpool
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.errors import DatasetNotFoundError, InvalidNameError
-from lakehouse_assets.http_files import file_response
+from lakehouse_assets.http_files import file_response, local_file_response
 from lakehouse_assets.lake import Dataset, Lakehouse
 from lakehouse_assets.settings import Settings
 from lakehouse_assets.sharing import tables
 from lakehouse_assets.sharing.recipients import (
     Recipient,
-    Revocations,
     SharingError,
     decode,
     unauthenticated,
 )
 from lakehouse_assets.sharing.urls import FileGrant, file_url, url_key, verify
+from lakehouse_assets.storage import LocalStore, Store
+from lakehouse_assets.tokens import Revocations
 
 #: Where the server mounts the protocol; a profile's endpoint is the server's URL plus this.
 PREFIX: Final = "/delta-sharing"
 #: The one share: the lake (schemas are its datasets).
 SHARE: Final = "lake"
 NDJSON: Final = "application/x-ndjson; charset=utf-8"
+PARQUET: Final = "application/vnd.apache.parquet"
 VERSION_HEADER: Final = "Delta-Table-Version"
 CAPABILITIES_HEADER: Final = "delta-sharing-capabilities"
 #: The page size when the client names none, and the largest one it may ask for.
@@ -77,6 +81,11 @@ class Sharing:
     def lake(self) -> Lakehouse:
         if self._lake is None:  # opened on first use: no storage access at start-up
             self._lake = Lakehouse(settings=self.settings)
+        return self._lake
+
+    @property
+    def lake_opened(self) -> Lakehouse | None:
+        """The lake if a request opened it already (an async route opens it off the loop)."""
         return self._lake
 
 
@@ -443,7 +452,7 @@ def table_changes(
 
 
 @router.api_route("/files/{name}", methods=["GET", "HEAD"])
-def download(
+async def download(
     request: Request,
     name: str,
     g: Annotated[str, Query(description="the signed grant")],
@@ -452,19 +461,47 @@ def download(
     """A table file a query handed out (``HEAD``, ``Range`` → 206, ``ETag``).
 
     The grant and its signature travel in the query string, which the server's
-    access log never writes."""
+    access log never writes. The connector sends about ten requests per file
+    (four ``HEAD``, three whole-file ``GET`` it drops after the status, the
+    footer twice over, then the data): on a local lake each is answered here
+    on the event loop (an HMAC, a ``stat``, no worker thread but for the
+    bytes), the body by :func:`~lakehouse_assets.http_files.local_file_response`."""
     sharing = _sharing(request)
     grant = verify(sharing.url_key, g, s, sharing.revoked)
-    store = sharing.lake.store
     path = grant.lake_path()
+    if sharing.lake_opened is None:  # the first request opens the lake (storage access)
+        await run_in_threadpool(lambda: sharing.lake)
+    store = sharing.lake.store
+    if not isinstance(store, LocalStore):  # S3 lakes hand out presigned URLs, not these
+        return await run_in_threadpool(_stored_file, request, store, path)
+    file = store.local_path(path)
+    try:
+        info = os.stat(file)
+    except (FileNotFoundError, NotADirectoryError):
+        info = None
+    if info is None or not stat.S_ISREG(info.st_mode):
+        raise SharingError(404, "RESOURCE_DOES_NOT_EXIST", "the file is gone (vacuumed)")
+    return local_file_response(
+        request,
+        file,
+        info,
+        sha256=_file_tag(path, store.stat_fingerprint(info)),
+        media_type=PARQUET,
+    )
+
+
+def _file_tag(path: str, fingerprint: str) -> str:
+    """The ETag of a table file: a Delta data file is written once and never changed in
+    place, so its path and the store's fingerprint name its content (no full read
+    to hash it, as exports need)."""
+    return hashlib.sha256(f"{path}\0{fingerprint}".encode()).hexdigest()
+
+
+def _stored_file(request: Request, store: Store, path: str) -> Response:
     if not store.exists(path):
         raise SharingError(404, "RESOURCE_DOES_NOT_EXIST", "the file is gone (vacuumed)")
-    # a Delta data file is written once and never changed in place: its path and the
-    # store's fingerprint name its content (no full read to hash it, as exports need)
-    tag = hashlib.sha256(f"{path}\0{store.fingerprint(path)}".encode()).hexdigest()
-    return file_response(
-        request, store, path, sha256=tag, media_type="application/vnd.apache.parquet"
-    )
+    tag = _file_tag(path, store.fingerprint(path))
+    return file_response(request, store, path, sha256=tag, media_type=PARQUET)
 
 
 # --- mounting -------------------------------------------------------------------

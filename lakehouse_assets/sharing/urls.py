@@ -29,9 +29,10 @@ from typing import Any, Final
 from urllib.parse import quote
 
 from lakehouse_assets import conventions as cv
-from lakehouse_assets.sharing.recipients import Revocations, SharingError
+from lakehouse_assets.sharing.recipients import SharingError
 from lakehouse_assets.sharing.tables import TABLES
 from lakehouse_assets.storage import S3Store, Store
+from lakehouse_assets.tokens import Revocations
 
 #: The path of the download route under the sharing prefix.
 FILES_ROUTE: Final = "/files"

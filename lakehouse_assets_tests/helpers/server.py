@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from lakehouse_assets import Lakehouse, Settings
-from lakehouse_assets.server.auth import issue_token
+from lakehouse_assets.tokens import issue_token
 from lakehouse_assets_tests.conftest import _restore_signals, free_port, stop_process
 
 REPO = Path(__file__).resolve().parents[2]

@@ -32,7 +32,7 @@ def run(profile: str, op: dict[str, Any], out: Path, index: int) -> dict[str, An
     import delta_sharing
 
     url = f"{profile}#{op.get('table', '')}"
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     if op["op"] == "list_all_tables":
         client = delta_sharing.SharingClient(profile)
         names = [f"{t.share}.{t.schema}.{t.name}" for t in client.list_all_tables()]
@@ -57,11 +57,12 @@ def run(profile: str, op: dict[str, Any], out: Path, index: int) -> dict[str, An
         )
     else:
         raise ValueError(f"unknown op {op['op']!r}")
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     df.to_parquet(out / f"{index}.parquet", index=False)
     return {
         "rows": len(df),
         "seconds": seconds,
+        "cpu_seconds": cpu,
         "dtypes": {k: str(v) for k, v in df.dtypes.items()},
     }
 
