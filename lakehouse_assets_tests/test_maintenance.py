@@ -8,13 +8,15 @@ from typing import TYPE_CHECKING
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.cli import cli
 from lakehouse_assets.jobs import list_runs
 from lakehouse_assets.lake import Lakehouse
 from lakehouse_assets.tables.snapshot import Snapshot
-from lakehouse_assets_tests.conftest import cli_args, sample_entities
+from lakehouse_assets_tests.conftest import cli_args, examples, sample_entities
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -116,3 +118,37 @@ def test_optimize_on_the_driver_and_with_spark_change_nothing_visible(
     # (the Spark path's files of these two origins came out not sorted by bucket,
     # as before issue 49: its sort order is not what this test holds)
     assert check("by_spark", sorted_files=False) > 0
+
+
+@settings(max_examples=examples(100, 1000), deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3), st.sampled_from(["", "a", "b", "é", "ab"]), st.text("xy", max_size=2)
+        ),
+        max_size=30,
+    ),
+    st.booleans(),
+)
+def test_in_order_says_whether_a_sort_would_move_a_row(
+    drawn: list[tuple[int, str, str]], presort: bool
+) -> None:
+    """The driver's optimize skips its sort where the rows are in order already (a
+    first build's files, read in bucket order): exactly where a stable sort by
+    the same keys would leave every row where it is."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from lakehouse_assets.maintenance import in_order
+
+    rows = sorted(drawn) if presort else drawn
+    table = pa.table(
+        {
+            "bucket": pa.array([r[0] for r in rows], pa.int32()),
+            "k": [r[1] for r in rows],
+            "v": [r[2] for r in rows],
+        }
+    )
+    order = ("bucket", "k", "v")
+    indices = pc.sort_indices(table, sort_keys=[(c, "ascending", "at_start") for c in order])
+    assert in_order(table, order) == (indices.to_pylist() == list(range(table.num_rows)))
