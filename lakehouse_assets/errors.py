@@ -145,3 +145,11 @@ class CollectionError(LakehouseError, ValueError):
     """A collection cannot be built as configured: a child that does not exist, a
     cycle of children, a cluster of entities whose schemata have nothing in
     common. Fix the catalog or the judgements; retrying changes nothing."""
+
+
+class ExportMemoryError(ConfigurationError, MemoryError):
+    """DuckDB's full export pass on the driver ran out of the memory its setting
+    allows (``LAKEHOUSE_EXPORT_DUCKDB_MEMORY_LIMIT``); nothing was replaced.
+
+    With ``LAKEHOUSE_EXPORT_ENGINE=auto`` the export goes on with Spark's pass;
+    with ``duckdb`` the message names the settings to raise or change."""

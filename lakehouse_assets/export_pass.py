@@ -35,6 +35,7 @@ import pyarrow as pa
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import export_duckdb, export_state, faults, incremental, progress, staging
+from lakehouse_assets.errors import ExportMemoryError
 from lakehouse_assets.freshness import ENTITIES, STATEMENTS, STATISTICS
 from lakehouse_assets.query import SORT, csv_header, string_data
 from lakehouse_assets.spark import ftm_sql
@@ -167,7 +168,13 @@ def full_pass(
     files either way."""
     if export_duckdb.takes_pass(ds, snapshot):
         progress.stage("export %s: the full pass in DuckDB, on the driver", ds.name)
-        return export_duckdb.run_pass(ds, kinds, snapshot)
+        try:
+            return export_duckdb.run_pass(ds, kinds, snapshot)
+        except ExportMemoryError as exc:
+            if ds.settings.export_engine != "auto":
+                raise
+            # nothing was replaced: Spark's pass makes the same files
+            log.warning("%s; the pass goes on with Spark", exc)
     return _run_pass(ds, kinds, snapshot)
 
 

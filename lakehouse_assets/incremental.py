@@ -56,6 +56,7 @@ import pyarrow.compute as pc
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import export_duckdb, faults, progress, staging
 from lakehouse_assets.entity_lines import entity_rows
+from lakehouse_assets.errors import ExportMemoryError
 from lakehouse_assets.export_state import (
     INDEX_SCHEMA,
     SPARK_INDEX_COLUMNS,
@@ -196,13 +197,20 @@ def _changed_rows(
     origins = {f.partition_values.get(STATEMENTS_PARTITION) for f in snapshot.statements.files}
     if live.num_rows <= ds.settings.export_driver_statements:
         rows = entity_rows(live, origins=len(origins), columns=SPARK_INDEX_COLUMNS)
-    elif ds.settings.export_engine != "spark":
-        # the changed statements are in this process already: DuckDB, not a Spark job
-        rows = export_duckdb.entity_rows(
-            live, origins=len(origins), settings=ds.settings, dataset=ds.name
-        )
     else:
-        rows = _changed_rows_spark(ds, live, len(origins), staging_uri)
+        rows = None
+        if ds.settings.export_engine != "spark":
+            # the changed statements are in this process already: DuckDB, not a Spark job
+            try:
+                rows = export_duckdb.entity_rows(
+                    live, origins=len(origins), settings=ds.settings, dataset=ds.name
+                )
+            except ExportMemoryError as exc:
+                if ds.settings.export_engine != "auto":
+                    raise
+                log.warning("%s; the changed entities' lines go to Spark", exc)
+        if rows is None:
+            rows = _changed_rows_spark(ds, live, len(origins), staging_uri)
     json_bytes = pc.binary_length(pc.cast(rows.column("json"), pa.binary()))
     rows = rows.append_column("json_bytes", pc.cast(json_bytes, pa.int64()))
     return rows.select(ROWS_SCHEMA.names).cast(ROWS_SCHEMA)

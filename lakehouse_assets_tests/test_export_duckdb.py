@@ -133,3 +133,53 @@ def test_a_clash_of_schemata_names_the_dataset_and_the_entity(
     ):
         ds.export(["statements", "entities", "statistics"], force=True)
     assert files(ds) == before
+
+
+@pytest.mark.spark_modes
+def test_entities_made_a_range_of_ids_at_a_time_are_the_same_bytes(
+    spark: SparkSession, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot larger than the memory limit's share is aggregated a range of
+    canonical ids at a time (planned from the footers' row group minima): the
+    same files as one range and as Spark's; the incremental rows of a large
+    change are cut the same way."""
+    from lakehouse_assets.export_duckdb import lines
+
+    ds = local_lake.create_dataset("ranges")
+    add_awkward_entities(ds)
+    for origin in ("crawl", "registry"):
+        with ds.bulk(origin=origin) as bulk:
+            for e in input_entities()[:120]:
+                bulk.add_entity(e)
+    ds.flush()
+    spark_made = full_pass(ds, "spark", monkeypatch)
+    one = full_pass(ds, "duckdb", monkeypatch)
+    snapshot = ds.snapshot()
+    options = ds.statements_table.storage_options
+    assert lines.id_ranges(snapshot.statements.files, options, "1GB") == [(None, None)]
+    monkeypatch.setattr(lines, "STATEMENTS_PER_GIB", 100)
+    ranges = lines.id_ranges(snapshot.statements.files, options, "1GB")
+    assert len(ranges) > 1 and ranges[0][0] is None and ranges[-1][1] is None
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert full_pass(ds, "duckdb", monkeypatch) == one == spark_made
+
+
+def test_duckdb_out_of_memory_goes_on_with_spark_or_says_which_setting(
+    spark: SparkSession, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DuckDB's pass past its memory limit replaces nothing: with ``auto`` the
+    export goes on with Spark's pass (the same bytes), with ``duckdb`` it fails
+    naming the limit and the other engine."""
+    from lakehouse_assets.errors import ExportMemoryError
+
+    ds = local_lake.create_dataset("tight")
+    with ds.bulk(origin="crawl") as bulk:
+        for e in input_entities()[:150]:
+            bulk.add_entity(e)
+    ds.flush()
+    want = full_pass(ds, "spark", monkeypatch)["files"]
+    monkeypatch.setattr(ds.settings, "export_duckdb_memory_limit", "1MB")
+    with pytest.raises(ExportMemoryError, match="LAKEHOUSE_EXPORT_DUCKDB_MEMORY_LIMIT=1MB"):
+        full_pass(ds, "duckdb", monkeypatch)
+    assert files(ds) == want
+    assert full_pass(ds, "auto", monkeypatch)["files"] == want

@@ -36,7 +36,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,8 +47,9 @@ import pyarrow.compute as pc
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import export_state, faults, progress, staging
+from lakehouse_assets.errors import ExportMemoryError
 from lakehouse_assets.export_duckdb import sql
-from lakehouse_assets.export_duckdb.lines import connect, entity_stream, picked_lines
+from lakehouse_assets.export_duckdb.lines import connect, entity_stream, id_ranges, picked_lines
 from lakehouse_assets.export_state import SPARK_INDEX_COLUMNS, Aggregates
 from lakehouse_assets.freshness import ENTITIES, STATEMENTS, STATISTICS
 from lakehouse_assets.preload import preload
@@ -160,7 +161,26 @@ def run_pass(
     ds: DatasetContext, kinds: frozenset[str], snapshot: DatasetSnapshot
 ) -> dict[str, dict[str, Any]]:
     """The requested kinds of one snapshot (see the module docstring): what the
-    export records of each file, as :func:`.export_pass._run_pass` returns it."""
+    export records of each file, as :func:`.export_pass._run_pass` returns it.
+
+    Raises :class:`.errors.ExportMemoryError` where DuckDB ran out of its
+    memory limit (before any file was replaced)."""
+    import duckdb
+
+    try:
+        return _run_pass(ds, kinds, snapshot)
+    except duckdb.OutOfMemoryException as exc:
+        first = next(iter(str(exc).splitlines()), repr(exc))
+        raise ExportMemoryError(
+            f"dataset {ds.name}: DuckDB's export pass ran out of memory "
+            f"(LAKEHOUSE_EXPORT_DUCKDB_MEMORY_LIMIT={ds.settings.export_duckdb_memory_limit}): "
+            f"{first}; raise that limit, or set LAKEHOUSE_EXPORT_ENGINE=spark"
+        ) from None
+
+
+def _run_pass(
+    ds: DatasetContext, kinds: frozenset[str], snapshot: DatasetSnapshot
+) -> dict[str, dict[str, Any]]:
     step = progress.Steps(log, f"export {ds.name}")
     if STATISTICS in kinds and "ftmq.model.stats" not in sys.modules:
         # ftmq's import (about half a second: pyrql builds its grammar) on a
@@ -196,8 +216,17 @@ def run_pass(
         lengths: np.ndarray[Any, Any] | None = None
         if kinds & {ENTITIES, STATISTICS}:
             entities = _HashedFile(folder / "entities.ftm.json") if ENTITIES in kinds else None
-            index, lengths = _write_entities(con, ds, entities)
-            step("entities aggregated and written (%d entities)", index.num_rows)
+            ranges = id_ranges(
+                snapshot.statements.files,
+                ds.statements_table.storage_options,
+                ds.settings.export_duckdb_memory_limit,
+            )
+            index, lengths = _write_entities(con, ds, entities, ranges)
+            step(
+                "entities aggregated and written (%d entities, %d id range(s))",
+                index.num_rows,
+                len(ranges),
+            )
         faults.point("export.after_parts")
         if entities is not None and index is not None:
             _replace(ds, cv.ENTITIES_JSON, entities)
@@ -224,7 +253,10 @@ def run_pass(
 
 
 def _write_entities(
-    con: duckdb.DuckDBPyConnection, ds: DatasetContext, target: _HashedFile | None
+    con: duckdb.DuckDBPyConnection,
+    ds: DatasetContext,
+    target: _HashedFile | None,
+    ranges: Sequence[sql.IdRange],
 ) -> tuple[pa.Table, np.ndarray[Any, Any]]:
     """Stream the entity rows into ``target`` (None: statistics only); the
     per-entity index (:data:`.export_state.SPARK_INDEX_COLUMNS`) and the byte
@@ -233,7 +265,7 @@ def _write_entities(
     lengths: list[np.ndarray[Any, Any]] = []
     out = target.path.open("wb") if target is not None else None
     try:
-        for batch in entity_stream(con, ds.name, lines=target is not None):
+        for batch in entity_stream(con, ds.name, lines=target is not None, ranges=ranges):
             if out is not None and target is not None:
                 json = picked_lines(batch)
                 ended = pc.binary_join_element_wise(json, "", "\n")

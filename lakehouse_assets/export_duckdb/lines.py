@@ -9,7 +9,7 @@ among an entity's several names, which is made here on the rows that carry
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from lakehouse_assets.entity_lines import NoCommonSchema, _pick, json_string
 from lakehouse_assets.export_duckdb import sql
 from lakehouse_assets.tables.duck import bounded_duckdb
+from lakehouse_assets.tables.snapshot import DataFile, row_group_ranges
 
 if TYPE_CHECKING:
     import duckdb
@@ -27,6 +28,63 @@ if TYPE_CHECKING:
 
 #: entity rows a record batch of the ``entity_lines`` stream holds
 BATCH_ROWS = 65_536
+#: Statements of the snapshot an entity range holds per GiB of
+#: ``export_duckdb_memory_limit``: the aggregation keeps each entity's values
+#: in lists, which DuckDB does not spill (at 10M statements, one range in 1GB
+#: ran out of memory; 1M in 1GB used about 0.6 GB of it).
+STATEMENTS_PER_GIB = 2_000_000
+
+
+def id_ranges(
+    files: Sequence[DataFile], storage_options: Mapping[str, str], memory_limit: str
+) -> list[sql.IdRange]:
+    """Ranges of canonical ids that cut the snapshot's statements into parts of
+    about :data:`STATEMENTS_PER_GIB` per GiB of ``memory_limit``, from the row
+    groups' canonical id minima in the files' footers (each row group holds a
+    narrow run of ids: the files are sorted by bucket, then id), so no data is
+    read to plan them; one range (everything) for a snapshot that fits."""
+    total = sum(f.num_records or 0 for f in files)
+    per_range = max(1, int(STATEMENTS_PER_GIB * memory_gib(memory_limit)))
+    count = -(-total // per_range)
+    if count <= 1:
+        return [(None, None)]
+    groups = sorted(
+        (low, rows) for low, _, rows in row_group_ranges(files, "canonical_id", storage_options)
+    )
+    seen = sum(rows for _, rows in groups)
+    bounds: list[str] = []
+    cumulative = 0
+    for low, rows in groups:
+        if cumulative >= seen * (len(bounds) + 1) / count and (not bounds or low > bounds[-1]):
+            bounds.append(str(low))
+        cumulative += rows
+    edges: list[str | None] = [None, *bounds, None]
+    return [(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+
+
+def table_ranges(table: pa.Table, memory_limit: str) -> list[sql.IdRange]:
+    """:func:`id_ranges` for statements held in Arrow (an incremental change's):
+    boundaries among their distinct canonical ids, about as many rows apart."""
+    per_range = max(1, int(STATEMENTS_PER_GIB * memory_gib(memory_limit)))
+    count = -(-table.num_rows // per_range)
+    if count <= 1:
+        return [(None, None)]
+    ids = pc.unique(table.column("canonical_id").combine_chunks().drop_null())
+    ids = ids.take(pc.sort_indices(ids)).to_pylist()
+    bounds = sorted({str(ids[len(ids) * i // count]) for i in range(1, count)})
+    edges: list[str | None] = [None, *bounds, None]
+    return [(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+
+
+def memory_gib(limit: str) -> float:
+    """GiB of a memory size as the settings write it (``1GB``, ``512MiB``)."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9.]+)\s*(KB|MB|GB|KiB|MiB|GiB)\s*", limit)
+    if match is None:
+        raise ValueError(f"not a memory size: {limit!r}")
+    scale = {"KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    return float(match[1]) * scale[match[2]] / 2**30
 
 
 @contextmanager
@@ -66,22 +124,27 @@ def picked_lines(batch: pa.RecordBatch) -> pa.Array:
 
 
 def entity_stream(
-    con: duckdb.DuckDBPyConnection, dataset: str, *, lines: bool
+    con: duckdb.DuckDBPyConnection,
+    dataset: str,
+    *,
+    lines: bool,
+    ranges: Sequence[sql.IdRange] = ((None, None),),
 ) -> Iterator[pa.RecordBatch]:
-    """The ``entity_lines`` rows, a record batch at a time (``json`` only if ``lines``)."""
+    """The ``entity_lines`` rows, a record batch at a time (``json`` only if
+    ``lines``), a range of canonical ids after the other (:func:`id_ranges`)."""
     import duckdb
 
-    con.register(
-        "merged", sql.merged_schemata(r[0] for r in con.execute(sql.SCHEMA_SETS).fetchall())
-    )
     sql.schema_rules(con)
-    sql.entity_lines_view(con)
     columns = ["canonical_id", *sql.INDEX_COLUMNS, "_caption", "_pick_names"]
     if lines:
         columns.insert(1, "json")
     listed = ", ".join(f'"{c}"' for c in columns)
     try:
-        yield from con.execute(f"SELECT {listed} FROM entity_lines").to_arrow_reader(BATCH_ROWS)
+        for ids in ranges:
+            found = con.execute(sql.schema_sets(ids)).fetchall()
+            con.register("merged", sql.merged_schemata(r[0] for r in found))
+            sql.entity_lines_view(con, ids)
+            yield from con.execute(f"SELECT {listed} FROM entity_lines").to_arrow_reader(BATCH_ROWS)
     except duckdb.InvalidInputException as exc:
         message = str(exc)
         if "no common schema" in message:

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakehouse_assets.errors import ExportMemoryError
 from lakehouse_assets.export_duckdb import sql
-from lakehouse_assets.export_duckdb.lines import connect, entity_stream, picked_lines
+from lakehouse_assets.export_duckdb.lines import connect, entity_stream, picked_lines, table_ranges
 from lakehouse_assets.export_state import INDEX_SCHEMA, SPARK_INDEX_COLUMNS
 
 if TYPE_CHECKING:
@@ -40,15 +41,32 @@ def entity_rows(live: pa.Table, *, origins: int, settings: Settings, dataset: st
     ``csv`` (its lines) and ``json`` (its line), both with their line ends, as
     :func:`.entity_lines.entity_rows` makes them. ``origins``: how many origins
     the snapshot holds (copies of a statement in two are made one)."""
+    import duckdb
+
+    try:
+        return _entity_rows(live, origins=origins, settings=settings, dataset=dataset)
+    except duckdb.OutOfMemoryException as exc:
+        first = next(iter(str(exc).splitlines()), repr(exc))
+        raise ExportMemoryError(
+            f"dataset {dataset}: DuckDB ran out of memory making the changed entities' lines "
+            f"(LAKEHOUSE_EXPORT_DUCKDB_MEMORY_LIMIT={settings.export_duckdb_memory_limit}): "
+            f"{first}"
+        ) from None
+
+
+def _entity_rows(live: pa.Table, *, origins: int, settings: Settings, dataset: str) -> pa.Table:
+    ranges = table_ranges(live, settings.export_duckdb_memory_limit)
     with connect(settings) as con:
         con.register("main", live)
         sql.statements_view(con, origins=origins, translog=False)
-        sql.entity_csv_view(con)
-        csv = con.execute(
-            "SELECT canonical_id, csv FROM entity_csv ORDER BY canonical_id"
-        ).to_arrow_table()
+        parts = []
+        for ids in ranges:
+            sql.entity_csv_view(con, ids)
+            query = "SELECT canonical_id, csv FROM entity_csv ORDER BY canonical_id"
+            parts.append(con.execute(query).to_arrow_table())
+        csv = pa.concat_tables(parts)
         batches = []
-        for batch in entity_stream(con, dataset, lines=True):
+        for batch in entity_stream(con, dataset, lines=True, ranges=ranges):
             json = picked_lines(batch)
             ended = pc.binary_join_element_wise(json, "", "\n")
             batches.append(

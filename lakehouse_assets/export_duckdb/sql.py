@@ -158,16 +158,38 @@ def merged_schemata(combinations: Iterable[list[str]]) -> pa.Table:
     return pa.table({"key": pa.array(keys, pa.string()), "schema": pa.array(schemas, pa.string())})
 
 
-SCHEMA_SETS = (
-    "SELECT DISTINCT list_sort(list_distinct(list(schema))) FROM stmts GROUP BY canonical_id"
-)
+#: A range of canonical ids, ``[low, high)`` (None: unbounded), an entity pass
+#: aggregates at a time: each range's entities fit DuckDB's memory, and the
+#: ranges in order give the entities in order.
+IdRange = tuple[str | None, str | None]
+
+
+def id_filter(ids: IdRange) -> str:
+    """The SQL condition on ``canonical_id`` of a range (``TRUE`` for all)."""
+    low, high = ids
+    parts = []
+    if low is not None:
+        parts.append(f"canonical_id >= {_literal(low)}")
+    if high is not None:
+        parts.append(f"canonical_id < {_literal(high)}")
+    return " AND ".join(parts) or "TRUE"
+
+
+def schema_sets(ids: IdRange) -> str:
+    """The distinct sorted sets of schemata the range's entities have."""
+    return (
+        "SELECT DISTINCT list_sort(list_distinct(list(schema))) FROM stmts "
+        f"WHERE {id_filter(ids)} GROUP BY canonical_id"
+    )
+
 
 #: the columns of an entity line's row besides ``canonical_id`` and ``json``
 INDEX_COLUMNS = ("schema", "countries", "start", "end", "statements", "pick", "csv_bytes")
 
 
-def entity_lines_view(con: duckdb.DuckDBPyConnection) -> None:
-    """``entity_lines`` over ``stmts``, ``merged`` and ``schema_rules``: per entity
+def entity_lines_view(con: duckdb.DuckDBPyConnection, ids: IdRange = (None, None)) -> None:
+    """``entity_lines`` over ``stmts``, ``merged`` and ``schema_rules``, of the
+    entities whose canonical id is in ``ids``: per entity
     ``canonical_id``, ``json`` (its entities.ftm.json line, no line end, with the
     caption SQL gives), :data:`INDEX_COLUMNS`, ``_caption`` and ``_pick_names``
     (the (value, lang) names rigour picks the caption among, NULL where it has
@@ -179,7 +201,7 @@ def entity_lines_view(con: duckdb.DuckDBPyConnection) -> None:
     undefined = _literal(FtmDataset.UNDEFINED)
     con.execute(
         f"""
-        CREATE TEMP VIEW entity_lines AS
+        CREATE OR REPLACE TEMP VIEW entity_lines AS
         WITH e AS (
           SELECT canonical_id,
             list_sort(list_distinct(list(schema))) AS schemas,
@@ -200,7 +222,7 @@ def entity_lines_view(con: duckdb.DuckDBPyConnection) -> None:
             sum({csv_line_bytes()})::BIGINT AS csv_bytes,
             min(value) FILTER (WHERE prop IN ('startDate', 'date')) AS start,
             max(value) FILTER (WHERE prop IN ('endDate', 'date')) AS "end"
-          FROM stmts GROUP BY canonical_id
+          FROM stmts WHERE {id_filter(ids)} GROUP BY canonical_id
         ), m AS (
           SELECT e.*, merged.schema, r.label,
             list_filter(coalesce(r.captions, []),
@@ -258,7 +280,7 @@ def connection_settings() -> dict[str, Any]:
     return {"default_null_order": "nulls_first"}
 
 
-def entity_csv_view(con: duckdb.DuckDBPyConnection) -> None:
+def entity_csv_view(con: duckdb.DuckDBPyConnection, ids: IdRange = (None, None)) -> None:
     """``entity_csv``: per entity its statements.csv lines, each ended by ``\\n``,
     in export order (what an incremental export splices in)."""
     from lakehouse_assets.spark.sql import csv_line_sql
@@ -266,9 +288,9 @@ def entity_csv_view(con: duckdb.DuckDBPyConnection) -> None:
     line = csv_line_sql(lambda name: name)
     con.execute(
         f"""
-        CREATE TEMP VIEW entity_csv AS
+        CREATE OR REPLACE TEMP VIEW entity_csv AS
         SELECT canonical_id,
             string_agg({line} || chr(10), '' ORDER BY prop, value, origin, id) AS csv
-        FROM stmts GROUP BY canonical_id
+        FROM stmts WHERE {id_filter(ids)} GROUP BY canonical_id
         """
     )
