@@ -625,7 +625,9 @@ def test_the_caption_udf_is_planned_only_when_an_entity_needs_a_pick(
 
     monkeypatch.setattr(ftm_sql, "_pick_name_udf", spy)
     # the second make is incremental: have Spark make its lines, not the driver
+    # (Python's lines or DuckDB's)
     monkeypatch.setattr(local_lake.settings, "export_driver_statements", 0)
+    monkeypatch.setattr(local_lake.settings, "export_engine", "spark")
     ds = local_lake.create_dataset("picks")
     ds.add_entity({"id": "a", "schema": "Person", "properties": {"name": ["Ann Smith"]}})
     ds.add_entity({"id": "o", "schema": "Address", "properties": {"country": ["gb"]}})
