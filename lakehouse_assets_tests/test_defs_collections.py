@@ -16,6 +16,7 @@ import dagster as dg
 import pytest
 from dagster._core.definitions.partitions.context import partition_loading_context
 from dagster._core.remote_representation.external_data import RepositorySnap
+from dagster._utils.test.data_versions import get_stale_status_resolver
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.collections import judgements
@@ -133,7 +134,7 @@ class Sensor:
         self.defs = definitions(lake)
         self.sensor = self.defs.resolve_sensor_def("collection_changes")
 
-    def tick(self) -> tuple[list[dg.RunRequest], list[dg.AssetMaterialization]]:
+    def tick(self) -> tuple[list[dg.RunRequest], list[dg.AssetObservation]]:
         with dg.build_sensor_context(
             instance=self.instance,
             cursor=self.cursor,
@@ -145,10 +146,24 @@ class Sensor:
             return [], []
         assert isinstance(result, dg.SensorResult)
         self.cursor = result.cursor or self.cursor
-        events = [e for e in result.asset_events or [] if isinstance(e, dg.AssetMaterialization)]
+        events = [e for e in result.asset_events or [] if isinstance(e, dg.AssetObservation)]
         for event in events:
             self.instance.report_runless_asset_event(event)
         return list(result.run_requests or []), events
+
+    def stale(self) -> dict[str, set[tuple[str, str | None]]]:
+        """Each collection's stale causes, as the UI computes them: (asset, partition)."""
+        resolver = get_stale_status_resolver(
+            self.instance, list(self.defs.resolve_asset_graph().assets_defs)
+        )
+        return {
+            name: {
+                (c.dependency.asset_key.to_user_string(), c.dependency.partition_key)
+                for c in resolver.get_stale_causes(collection_key(name), name)
+                if c.dependency is not None
+            }
+            for name in COLLECTIONS
+        }
 
     def run(self, request: dg.RunRequest) -> dict[str, Any]:
         """Materialize what the request asks for; the materialization's metadata."""
@@ -162,9 +177,15 @@ class Sensor:
             tags=request.tags,
         )
         assert result.success
+        if request.asset_selection != [collection_key(request.partition_key)]:
+            return {}
         (event,) = result.get_asset_materialization_events()
         assert event.materialization is not None
         return {k: v.value for k, v in event.materialization.metadata.items()}
+
+
+def index_of(name: str) -> dg.RunRequest:
+    return dg.RunRequest(asset_selection=[dg.AssetKey("index")], partition_key=name)
 
 
 def requested(runs: list[dg.RunRequest]) -> dict[str, str]:
@@ -188,11 +209,17 @@ def test_collections_build_when_a_leaf_or_a_judgement_changes(
         ds.make()
     instance.add_dynamic_partitions(DATASETS, [*LEAVES, *COLLECTIONS])
     sensor = Sensor(local_lake, instance)
+    for name in LEAVES:  # the leaves' published index, as Dagster's runs record it
+        sensor.run(index_of(name))
 
     # never built: both collections are asked for, nothing else
     runs, events = sensor.tick()
     assert requested(runs) == {"coll": "never built", "solo": "never built"}
-    assert not events
+    # ... and their judgements observed (none yet), so the first one is a change
+    assert {(e.partition, e.tags["dagster/data_version"]) for e in events} == {
+        ("coll", "none"),
+        ("solo", "none"),
+    }
     assert sensor.tick() == ([], [])  # asked once, not again while it runs
     coll = local_lake.dataset("coll")
     mats = {run.partition_key: sensor.run(run) for run in runs}
@@ -214,12 +241,16 @@ def test_collections_build_when_a_leaf_or_a_judgement_changes(
     leaf_a.make()
     runs, _ = sensor.tick()
     assert requested(runs) == {"coll": "leaves changed: leaf_a"}
+    # ... and once Dagster records the leaf's new index, the UI shows why it is stale
+    sensor.run(index_of("leaf_a"))
+    assert sensor.stale() == {"coll": {("index", "leaf_a")}, "solo": set()}
     (run,) = runs
     meta = sensor.run(run)
     assert meta["built"] is True and meta["reason"] == "leaves changed: leaf_a"
     assert meta["entities"] == 5 and meta["version"] == 2
     assert "| leaf_a | 1 |" in meta["leaf_versions"]
     assert sensor.tick()[0] == []
+    assert sensor.stale() == {"coll": set(), "solo": set()}
 
     # a judgement: reported as the collection's judgements, and only it is rebuilt
     judgements.decide(coll, "a-1", "b-1", "positive", user="test")
@@ -227,6 +258,7 @@ def test_collections_build_when_a_leaf_or_a_judgement_changes(
     assert requested(runs) == {"coll": "the judgements changed"}
     (event,) = events
     assert event.asset_key == dg.AssetKey("judgements") and event.partition == "coll"
+    assert sensor.stale() == {"coll": {("judgements", "coll")}, "solo": set()}
     meta = sensor.run(runs[0])
     assert meta["built"] is True and meta["merged_ids"] == 2
     assert meta["entities"] == 4 and meta["version"] == 3

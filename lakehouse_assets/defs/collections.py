@@ -15,9 +15,10 @@ judgements. Each collection of the catalog is an asset ``collection/{name}``:
 - it depends on the ``index`` partitions of exactly its leaves (the published
   output of each) through ``SpecificPartitionsPartitionMapping(leaves)``, and
   on its own partition of ``judgements`` (an external asset: the resolver's
-  table, reported by the sensor when ``resolver/last_updated`` moves). The UI
-  draws those edges, and a collection whose leaf published since its build
-  shows as stale naming that leaf's partition;
+  table, observed by the sensor when ``resolver/last_updated`` moves). The UI
+  draws those edges, and a collection whose leaf's ``index`` materialized a
+  new version since its build, or whose judgements were observed changed,
+  shows as stale naming that partition;
 - its materialization is the collection's ``make``
   (:func:`lakehouse_assets.collections.make.make`): build when a leaf's table
   versions or the canonical-id table changed, then the exports and a
@@ -48,9 +49,8 @@ one: the sensor says so and asks for a reload.
 
 Automation is the ``collection_changes`` sensor, not an ``AutomationCondition``:
 a leaf's tables also change outside Dagster (``lakehouse make``, the server, a
-compaction), which no asset event announces, and ``eager()`` waits for every
-dependency partition to exist (a collection without judgements has none).
-The sensor compares what the collection would be built from now
+compaction), which no asset event announces (and ``eager()`` beside the sensor
+would build twice for a change Dagster did see). The sensor compares what the collection would be built from now
 (:func:`~lakehouse_assets.collections.make.sources`) with what it was built
 from, for the collections whose own or whose leaves' change markers moved.
 """
@@ -60,6 +60,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import dagster as dg
@@ -103,7 +104,7 @@ judgements = dg.AssetSpec(
     kinds={"delta"},
     description="A collection's judgements (nomenklatura's resolver table, "
     "`{collection}/resolver/judgements`) and the canonical ids they give. Changed by "
-    "`lakehouse resolver load|decide`; the `collection_changes` sensor reports each change "
+    "`lakehouse resolver load|decide`; the `collection_changes` sensor observes each change "
     "(data version: tag `resolver/last_updated`).",
 )
 
@@ -240,13 +241,26 @@ def _digest(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def judgements_event(ds: Dataset, ts: Any) -> dg.AssetMaterialization:
-    """The reported materialization of a collection's ``judgements`` (a load or decide)."""
-    return dg.AssetMaterialization(
+#: The data version of a collection's ``judgements`` before its first load or decide.
+NO_JUDGEMENTS = "none"
+
+
+def judgements_event(ds: Dataset, ts: datetime | None) -> dg.AssetObservation:
+    """The reported observation of a collection's ``judgements`` (a load or decide,
+    or none yet: the sensor's first look at a collection).
+
+    An observation, not a materialization: Dagster judges a dependency on an
+    external asset by its observed data version, so this one marks the
+    collection stale (naming ``judgements[{name}]``) until it is built again.
+    The first look is observed too: a build with no observation before it
+    records no pointer, and Dagster then takes the first change for the state
+    it was built from."""
+    metadata = {} if ts is None else {"last_updated": dg.MetadataValue.timestamp(ts)}
+    return dg.AssetObservation(
         asset_key="judgements",
         partition=ds.name,
-        tags={DATA_VERSION_TAG: ts.isoformat()},
-        metadata={"last_updated": dg.MetadataValue.timestamp(ts)},
+        tags={DATA_VERSION_TAG: NO_JUDGEMENTS if ts is None else ts.isoformat()},
+        metadata=metadata,
     )
 
 
@@ -262,7 +276,7 @@ def collection_sensor(collections: Mapping[str, Sequence[str]]) -> dg.SensorDefi
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Requests the build of each collection whose leaves' tables or judgements "
         "changed since it was built (what it would be built from against "
-        "`resolver/built.json`), and reports judgement changes.",
+        "`resolver/built.json`), and observes judgement changes.",
     )
     def collection_changes(
         context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
@@ -280,7 +294,7 @@ def collection_sensor(collections: Mapping[str, Sequence[str]]) -> dg.SensorDefi
         reported: dict[str, str] = dict(state.get("judgements") or {})
         picked = {ds.name for ds in changed_partitions(context.instance, lake, watch, sweep=SWEEP)}
         runs: list[dg.RunRequest] = []
-        events: list[dg.AssetMaterialization] = []
+        events: list[dg.AssetObservation] = []
         unloaded = sorted(n for n in picked - set(loaded) if _is_collection(lake.store, n))
         if unloaded:
             context.log.warning(
@@ -294,9 +308,10 @@ def collection_sensor(collections: Mapping[str, Sequence[str]]) -> dg.SensorDefi
             try:
                 ds = lake.dataset(name)
                 ts = ds.core_tags.get(cv.RESOLVER_LAST_UPDATED)
-                if ts is not None and reported.get(name) != ts.isoformat():
+                seen = NO_JUDGEMENTS if ts is None else ts.isoformat()
+                if reported.get(name) != seen:
                     events.append(judgements_event(ds, ts))
-                    reported[name] = ts.isoformat()
+                    reported[name] = seen
                 run = _request(ds, found, requested)
             except LakehouseError as exc:
                 context.log.warning("collection %s: %s", name, exc)
