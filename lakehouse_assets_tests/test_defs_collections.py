@@ -23,6 +23,7 @@ from lakehouse_assets.collections import judgements
 from lakehouse_assets.definitions import COMPUTED
 from lakehouse_assets.definitions import defs as loaded
 from lakehouse_assets.defs.assets import ASSETS
+from lakehouse_assets.defs.checks import CHECKS
 from lakehouse_assets.defs.collections import (
     catalog_collections,
     collection_assets,
@@ -30,10 +31,12 @@ from lakehouse_assets.defs.collections import (
     collection_sensor,
 )
 from lakehouse_assets.defs.collections import judgements as judgements_asset
+from lakehouse_assets.defs.freshness import CHECKS as FRESHNESS_CHECKS
 from lakehouse_assets.defs.maintenance import ASSETS as MAINTENANCE
 from lakehouse_assets.defs.partitions import DATASETS, datasets
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.lake import Lakehouse
+from lakehouse_assets_tests.helpers.defs import KEYS
 from lakehouse_assets_tests.test_defs_assets import LINEAGE
 
 LEAVES = {"leaf_a": "a", "leaf_b": "b", "leaf_c": "c", "plain": "p"}
@@ -251,23 +254,20 @@ def test_collections_build_when_a_leaf_or_a_judgement_changes(
     assert "| leaf_a | 1 |" in meta["leaf_versions"]
     assert sensor.tick()[0] == []
     assert sensor.stale() == {"coll": set(), "solo": set()}
+    # materialized again with nothing new: kept, and it says so
+    again = sensor.run(run)
+    assert again["built"] is False and again["reason"].startswith("current")
+    assert again["version"] == 2 and again["entities"] == 5
 
-    # a judgement: reported as the collection's judgements, and only it is rebuilt
+    # a judgement: observed as the collection's judgements, and only it is asked for
+    # (that the build then merges is test_collections')
     judgements.decide(coll, "a-1", "b-1", "positive", user="test")
     runs, events = sensor.tick()
     assert requested(runs) == {"coll": "the judgements changed"}
     (event,) = events
     assert event.asset_key == dg.AssetKey("judgements") and event.partition == "coll"
     assert sensor.stale() == {"coll": {("judgements", "coll")}, "solo": set()}
-    meta = sensor.run(runs[0])
-    assert meta["built"] is True and meta["merged_ids"] == 2
-    assert meta["entities"] == 4 and meta["version"] == 3
-    assert meta["canonical_version"] >= 0
-    assert sensor.tick()[0] == []
-    # materialized again with nothing new: kept, and it says so
-    again = sensor.run(run)
-    assert again["built"] is False and again["reason"].startswith("current")
-    assert again["version"] == 3
+    assert sensor.tick() == ([], [])  # asked once
 
     # a dataset in no collection: its chain runs as before, and asks for no collection
     plain = local_lake.dataset("plain")
@@ -302,3 +302,34 @@ def test_collections_build_when_a_leaf_or_a_judgement_changes(
         assert str(meta["outcome"]).startswith("a collection")
     built = json.loads(coll.store.read_text(cv.dataset_path("coll", cv.COLLECTION_BUILT_FROM)))
     assert sorted(built["leaves"]) == ["leaf_a", "leaf_b"]
+
+
+def test_a_new_collection_partition_publishes_nothing_before_its_build(
+    spark: Any, local_lake: Lakehouse, instance: dg.DagsterInstance
+) -> None:
+    """What automation runs when a collection's partition appears (its dataset
+    chain, newly missing) writes nothing: before, it published an empty version 1."""
+    create(local_lake)
+    instance.add_dynamic_partitions(DATASETS, [*LEAVES, *COLLECTIONS])
+    result = dg.materialize(
+        [*ASSETS, *CHECKS, *FRESHNESS_CHECKS],
+        selection=COMPUTED,
+        partition_key="coll",
+        instance=instance,
+        resources=resources(local_lake),
+        raise_on_error=False,
+    )
+    assert result.success
+    outcomes = {
+        e.materialization.asset_key.to_user_string(): str(
+            e.materialization.metadata["outcome"].value
+        )
+        for e in result.get_asset_materialization_events()
+        if e.materialization is not None
+    }
+    assert set(outcomes) == KEYS - {"archive", "mappings", "journal", "optimize", "compact"}
+    assert all(o.startswith("a collection") for o in outcomes.values()), outcomes
+    coll = local_lake.dataset("coll")
+    assert coll.version() is None
+    for path in (cv.ENTITIES_JSON, cv.STATEMENTS_CSV, cv.INDEX):
+        assert not coll.store.exists(cv.dataset_path("coll", path)), path

@@ -11,6 +11,14 @@ Dagster: they are external assets whose changes the sensors report (with the
 lake's tags as data versions). Everything downstream materializes on its own when they change
 (``AutomationCondition.eager()``): the flush first, then the exports that share
 one Spark pass, then the index.
+
+A collection (children in its config.yml) keeps its partition of these assets,
+but its tables are built and published by its own asset
+(:mod:`lakehouse_assets.defs.collections`): its journal is never flushed, and
+until its first build no step here writes or publishes anything for it (the
+chain runs when its partition appears, before any build: it would publish an
+empty version 1). Once built, the steps work from its tables like any
+dataset's and find them fresh.
 """
 
 import time
@@ -22,6 +30,7 @@ from pydantic import Field
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.collections.leaves import is_collection
+from lakehouse_assets.collections.make import built_from
 from lakehouse_assets.defs.batch import SINGLE_RUN, Report, for_each_dataset, materializations
 from lakehouse_assets.defs.metadata import (
     export_metadata,
@@ -196,6 +205,8 @@ def exports(
 
     def one(name: str) -> dict[str, Report]:
         ds = lakehouse.dataset(name, spark)
+        if unbuilt_collection(ds):
+            return {key: unbuilt_report(name) for key in EXPORT_KINDS if key in selected}
         result = export(ds, kinds, force=config.force)
         if result.skipped:
             context.log.info("%s: fresh, not rewritten: %s", name, ", ".join(result.skipped))
@@ -239,7 +250,8 @@ def index(
     context: dg.AssetExecutionContext, lakehouse: LakehouseResource
 ) -> Iterator[dg.MaterializeResult[None]]:
     def one(name: str) -> dict[str, Report]:
-        return {"index": _index(lakehouse.dataset(name))}
+        ds = lakehouse.dataset(name)
+        return {"index": unbuilt_report(name) if unbuilt_collection(ds) else _index(ds)}
 
     yield from materializations(for_each_dataset(context, one))
 
@@ -267,7 +279,8 @@ def graph(
     context: dg.AssetExecutionContext, lakehouse: LakehouseResource
 ) -> Iterator[dg.MaterializeResult[None]]:
     def one(name: str) -> dict[str, Report]:
-        return {"graph": _graph(lakehouse.dataset(name))}
+        ds = lakehouse.dataset(name)
+        return {"graph": unbuilt_report(name) if unbuilt_collection(ds) else _graph(ds)}
 
     yield from materializations(for_each_dataset(context, one))
 
@@ -314,7 +327,9 @@ def graph_cypher(
     context: dg.AssetExecutionContext, lakehouse: LakehouseResource
 ) -> Iterator[dg.MaterializeResult[None]]:
     def one(name: str) -> dict[str, Report]:
-        return {"graph_cypher": _graph_cypher(lakehouse.dataset(name))}
+        ds = lakehouse.dataset(name)
+        report = unbuilt_report(name) if unbuilt_collection(ds) else _graph_cypher(ds)
+        return {"graph_cypher": report}
 
     yield from materializations(for_each_dataset(context, one))
 
@@ -333,6 +348,17 @@ def _graph_cypher(ds: Dataset) -> Report:
         meta["relationships"] = int(written["graphml"]["edges"])
         meta["dagster/uri"] = ds.store.full_uri(cv.dataset_path(ds.name, cv.GRAPH_CYPHER))
     return Report(meta, tag_version(ds, cv.EXPORTS_GRAPH))
+
+
+def unbuilt_collection(ds: Dataset) -> bool:
+    """A collection never built yet: the dataset steps leave it alone (module docstring)."""
+    return is_collection(ds.store, ds.name) and built_from(ds) is None
+
+
+def unbuilt_report(name: str) -> Report:
+    return Report(
+        {"outcome": f"a collection not built yet: collection/{name} builds and publishes it"}
+    )
 
 
 ASSETS: list[dg.AssetsDefinition | dg.AssetSpec] = [
