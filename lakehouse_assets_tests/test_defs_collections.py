@@ -91,11 +91,14 @@ def test_each_collection_depends_on_exactly_its_leaves(
     local_lake: Lakehouse, instance: dg.DagsterInstance
 ) -> None:
     create(local_lake)
+    # a collection of a collection: its leaves, resolved
+    local_lake.create_dataset("nest", children=["coll", "leaf_c"])
+    nested = {**COLLECTIONS, "nest": ["leaf_a", "leaf_b", "leaf_c"]}
     defs = definitions(local_lake)
     graph = defs.resolve_asset_graph()
-    instance.add_dynamic_partitions(DATASETS, [*LEAVES, *COLLECTIONS])
+    instance.add_dynamic_partitions(DATASETS, [*LEAVES, *nested])
     with partition_loading_context(dynamic_partitions_store=instance):
-        for name, children in COLLECTIONS.items():
+        for name, children in nested.items():
             key = collection_key(name)
             assert graph.get(key).partitions_def.get_partition_keys() == [name]  # type: ignore[union-attr]
             parents = graph.get_parents_partitions(key, name).parent_partitions
@@ -103,10 +106,14 @@ def test_each_collection_depends_on_exactly_its_leaves(
                 *(("index", leaf) for leaf in children),
                 ("judgements", name),
             }
-        for leaf, parent in (("leaf_a", "coll"), ("leaf_b", "coll"), ("leaf_c", "solo")):
+        for leaf, parents_of in (
+            ("leaf_a", ["coll", "nest"]),
+            ("leaf_b", ["coll", "nest"]),
+            ("leaf_c", ["nest", "solo"]),
+        ):
             children_of = graph.get_children_partitions(dg.AssetKey("index"), leaf)
             assert {(c.asset_key, c.partition_key) for c in children_of} == {
-                (collection_key(parent), parent)
+                (collection_key(parent), parent) for parent in parents_of
             }, leaf
         assert not graph.get_children_partitions(dg.AssetKey("index"), "plain")
         # a collection's own partitions of the dataset assets feed no collection asset
