@@ -6,9 +6,13 @@
   checks (``defs.checks``);
 - automation: the executable assets materialize by ``AutomationCondition.eager()``,
   evaluated by the ``lakehouse_automation`` sensor;
+- collections: one asset ``collection/{name}`` per collection of the lake's
+  catalog (read when the definitions load), fed by its leaves' ``index``
+  partitions and its ``judgements``; built by the ``collection_changes``
+  sensor's requests (``defs.collections``);
 - sensors: new datasets, archive files, journal writes (``defs.sensors``),
   mapping changes (``defs.ingest``), queued actions (``defs.queue``), the
-  per-dataset freshness check (``defs.freshness``);
+  per-dataset freshness check (``defs.freshness``), collection changes;
 - jobs and schedules: ``refresh_dataset`` (the whole chain; what ``make demo``
   runs; ``daily_refresh``), the ``optimize`` and ``compact`` maintenance assets
   with their schedules (``defs.maintenance``), archive Document entities,
@@ -28,6 +32,12 @@ import dagster as dg
 
 from lakehouse_assets.defs.assets import ASSETS
 from lakehouse_assets.defs.checks import CHECKS
+from lakehouse_assets.defs.collections import (
+    collection_assets,
+    collection_sensor,
+    judgements,
+    loaded_collections,
+)
 from lakehouse_assets.defs.freshness import CHECKS as FRESHNESS_CHECKS
 from lakehouse_assets.defs.freshness import JOBS as FRESHNESS_JOBS
 from lakehouse_assets.defs.freshness import SENSORS as FRESHNESS_SENSORS
@@ -105,8 +115,11 @@ automation = dg.AutomationConditionSensorDefinition(
     description="Materializes the chain when the journal or archive of a dataset changed.",
 )
 
+#: Each collection of the lake → its leaves, as the definitions loaded them.
+COLLECTIONS = loaded_collections()
+
 defs = dg.Definitions(
-    assets=[*ASSETS, *MAINTENANCE],
+    assets=[*ASSETS, *MAINTENANCE, judgements, *collection_assets(COLLECTIONS)],
     asset_checks=[*CHECKS, *FRESHNESS_CHECKS],
     jobs=[
         refresh_dataset,
@@ -118,7 +131,14 @@ defs = dg.Definitions(
         *QUEUE_JOBS,
         *FRESHNESS_JOBS,
     ],
-    sensors=[*SENSORS, *INGEST_SENSORS, *FRESHNESS_SENSORS, *QUEUE_SENSORS, automation],
+    sensors=[
+        *SENSORS,
+        *INGEST_SENSORS,
+        *FRESHNESS_SENSORS,
+        *QUEUE_SENSORS,
+        collection_sensor(COLLECTIONS),
+        automation,
+    ],
     schedules=[*SCHEDULES, daily_refresh],
     resources={"lakehouse": LakehouseResource(s3=s3_from_env()), "spark": SparkResource()},
     executor=dg.in_process_executor,

@@ -11,6 +11,14 @@ Dagster: they are external assets whose changes the sensors report (with the
 lake's tags as data versions). Everything downstream materializes on its own when they change
 (``AutomationCondition.eager()``): the flush first, then the exports that share
 one Spark pass, then the index.
+
+A collection (children in its config.yml) keeps its partition of these assets,
+but its tables are built and published by its own asset
+(:mod:`lakehouse_assets.defs.collections`): its journal is never flushed, and
+until its first build no step here writes or publishes anything for it (the
+chain runs when its partition appears, before any build: it would publish an
+empty version 1). Once built, the steps work from its tables like any
+dataset's and find them fresh.
 """
 
 import time
@@ -21,6 +29,8 @@ import dagster as dg
 from pydantic import Field
 
 from lakehouse_assets import conventions as cv
+from lakehouse_assets.collections.leaves import is_collection
+from lakehouse_assets.collections.make import built_from
 from lakehouse_assets.defs.batch import SINGLE_RUN, Report, for_each_dataset, materializations
 from lakehouse_assets.defs.metadata import (
     export_metadata,
@@ -108,13 +118,22 @@ journal = dg.AssetSpec(
 def flush_tables(
     context: dg.AssetExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
 ) -> Iterator[dg.MaterializeResult[None]]:
-    """Flush the journal into the statements and translog tables (one Spark job)."""
+    """Flush the journal into the statements and translog tables (one Spark job).
+
+    A collection's partition is not flushed: its journal takes no writes and its
+    tables are built from its leaves by its own asset (``defs.collections``); the
+    step reports the tables as they are."""
 
     def one(name: str) -> dict[str, Report]:
         ds = lakehouse.dataset(name, spark)
-        result = flush(ds)  # starts Spark only if the journal holds rows
-        context.log.info("flush of %s: %s", ds.name, result.as_dict())
-        counts = flush_counts(ds, result.as_dict())
+        if is_collection(ds.store, ds.name):
+            counts: dict[str, Any] = {
+                "outcome": f"a collection: built from its leaves by collection/{name}, not flushed"
+            }
+        else:
+            result = flush(ds)  # starts Spark only if the journal holds rows
+            context.log.info("flush of %s: %s", ds.name, result.as_dict())
+            counts = flush_counts(ds, result.as_dict())
         reports = {}
         for key, location in (("statements", ds.statements_table), ("translog", ds.translog_table)):
             summary = table_summary(location)
@@ -186,6 +205,8 @@ def exports(
 
     def one(name: str) -> dict[str, Report]:
         ds = lakehouse.dataset(name, spark)
+        if unbuilt_collection(ds):
+            return {key: unbuilt_report(name) for key in EXPORT_KINDS if key in selected}
         result = export(ds, kinds, force=config.force)
         if result.skipped:
             context.log.info("%s: fresh, not rewritten: %s", name, ", ".join(result.skipped))
@@ -229,7 +250,8 @@ def index(
     context: dg.AssetExecutionContext, lakehouse: LakehouseResource
 ) -> Iterator[dg.MaterializeResult[None]]:
     def one(name: str) -> dict[str, Report]:
-        return {"index": _index(lakehouse.dataset(name))}
+        ds = lakehouse.dataset(name)
+        return {"index": unbuilt_report(name) if unbuilt_collection(ds) else _index(ds)}
 
     yield from materializations(for_each_dataset(context, one))
 
@@ -257,7 +279,8 @@ def graph(
     context: dg.AssetExecutionContext, lakehouse: LakehouseResource
 ) -> Iterator[dg.MaterializeResult[None]]:
     def one(name: str) -> dict[str, Report]:
-        return {"graph": _graph(lakehouse.dataset(name))}
+        ds = lakehouse.dataset(name)
+        return {"graph": unbuilt_report(name) if unbuilt_collection(ds) else _graph(ds)}
 
     yield from materializations(for_each_dataset(context, one))
 
@@ -304,7 +327,9 @@ def graph_cypher(
     context: dg.AssetExecutionContext, lakehouse: LakehouseResource
 ) -> Iterator[dg.MaterializeResult[None]]:
     def one(name: str) -> dict[str, Report]:
-        return {"graph_cypher": _graph_cypher(lakehouse.dataset(name))}
+        ds = lakehouse.dataset(name)
+        report = unbuilt_report(name) if unbuilt_collection(ds) else _graph_cypher(ds)
+        return {"graph_cypher": report}
 
     yield from materializations(for_each_dataset(context, one))
 
@@ -323,6 +348,17 @@ def _graph_cypher(ds: Dataset) -> Report:
         meta["relationships"] = int(written["graphml"]["edges"])
         meta["dagster/uri"] = ds.store.full_uri(cv.dataset_path(ds.name, cv.GRAPH_CYPHER))
     return Report(meta, tag_version(ds, cv.EXPORTS_GRAPH))
+
+
+def unbuilt_collection(ds: Dataset) -> bool:
+    """A collection never built yet: the dataset steps leave it alone (module docstring)."""
+    return is_collection(ds.store, ds.name) and built_from(ds) is None
+
+
+def unbuilt_report(name: str) -> Report:
+    return Report(
+        {"outcome": f"a collection not built yet: collection/{name} builds and publishes it"}
+    )
 
 
 ASSETS: list[dg.AssetsDefinition | dg.AssetSpec] = [

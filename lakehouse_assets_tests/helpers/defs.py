@@ -25,6 +25,10 @@ KEYS = {
     "compact",
 }
 
+#: The collections' external asset; each collection's own asset
+#: (``collection/{name}``) comes from the lake's catalog when the definitions load.
+COLLECTION_KEYS = {"judgements"}
+
 
 def resources(lake: Lakehouse) -> dict[str, object]:
     return {
