@@ -140,10 +140,13 @@ def test_entities_made_a_range_of_ids_at_a_time_are_the_same_bytes(
     spark: SparkSession, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A snapshot larger than the memory limit's share is aggregated a range of
-    canonical ids at a time (planned from the footers' row group minima): the
-    same files as one range and as Spark's; the incremental rows of a large
-    change are cut the same way."""
+    canonical ids at a time: the same files as one range and as Spark's; the incremental rows of a large
+    change are cut the same way. The ranges' boundaries are quantiles of sampled
+    canonical ids (the footers' minima all fall at the start of the id space:
+    the files are sorted by bucket first)."""
     from lakehouse_assets.export_duckdb import lines
+    from lakehouse_assets.tables.schemas import STATEMENTS_SCHEMA
+    from lakehouse_assets.tables.snapshot import arrow_dataset
 
     ds = local_lake.create_dataset("ranges")
     add_awkward_entities(ds)
@@ -155,12 +158,21 @@ def test_entities_made_a_range_of_ids_at_a_time_are_the_same_bytes(
     spark_made = full_pass(ds, "spark", monkeypatch)
     one = full_pass(ds, "duckdb", monkeypatch)
     snapshot = ds.snapshot()
-    options = ds.statements_table.storage_options
-    assert lines.id_ranges(snapshot.statements.files, options, "1GB") == [(None, None)]
-    monkeypatch.setattr(lines, "STATEMENTS_PER_GIB", 100)
-    ranges = lines.id_ranges(snapshot.statements.files, options, "1GB")
-    assert len(ranges) > 1 and ranges[0][0] is None and ranges[-1][1] is None
+    total = sum(f.num_records or 0 for f in snapshot.statements.files)
+    ids = arrow_dataset(
+        snapshot.statements.files, STATEMENTS_SCHEMA, ds.statements_table.storage_options
+    ).to_table(columns=["canonical_id"])
+    with lines.connect(ds.settings) as con:
+        con.register("ids", ids)
+        assert lines.id_ranges(con, "ids", total, "1GB") == [(None, None)]
+        monkeypatch.setattr(lines, "STATEMENTS_PER_GIB", 100)
+        ranges = lines.id_ranges(con, "ids", total, "1GB")
+    per_range = int(100 * lines.memory_gib("1GB"))  # 1GB is 0.93 GiB
+    assert len(ranges) == -(-total // per_range) and ranges[0][0] is None and ranges[-1][1] is None
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    bounds = [high for _, high in ranges[:-1]]
+    assert bounds == sorted(set(bounds))  # increasing, each a canonical id
+    assert set(bounds) <= set(ids.column("canonical_id").to_pylist())
     assert full_pass(ds, "duckdb", monkeypatch) == one == spark_made
 
 

@@ -55,8 +55,9 @@ from lakehouse_assets.freshness import ENTITIES, STATEMENTS, STATISTICS
 from lakehouse_assets.preload import preload
 from lakehouse_assets.query import string_data
 from lakehouse_assets.storage import LocalStore
+from lakehouse_assets.tables.duck import scan_view
 from lakehouse_assets.tables.schemas import STATEMENTS_PARTITION, STATEMENTS_SCHEMA, TRANSLOG_SCHEMA
-from lakehouse_assets.tables.snapshot import DatasetSnapshot, arrow_dataset
+from lakehouse_assets.tables.snapshot import DatasetSnapshot
 from lakehouse_assets.tables.translog import main_is_live
 
 if TYPE_CHECKING:
@@ -140,19 +141,16 @@ def _replace(ds: DatasetContext, target: str, written: _HashedFile) -> None:
 def _register(
     con: duckdb.DuckDBPyConnection, ds: DatasetContext, snapshot: DatasetSnapshot
 ) -> bool:
-    """``main`` (and ``log`` where the translog changes stored rows) as pyarrow
-    datasets over the snapshot's files: DuckDB scans them in place, local or
-    on S3, with the tables' own column types; whether ``log`` is needed."""
+    """``main`` (and ``log`` where the translog changes stored rows) as views of
+    the snapshot's files, scanned in place, local or on S3, with the tables'
+    own column types (:func:`.tables.duck.scan_view`); whether ``log`` is
+    needed."""
     options = ds.statements_table.storage_options
-    con.register(
-        "main",
-        arrow_dataset(
-            snapshot.statements.files, STATEMENTS_SCHEMA, options, partition=STATEMENTS_PARTITION
-        ),
-    )
+    files = snapshot.statements.files
+    scan_view(con, "main", files, STATEMENTS_SCHEMA, options, partition=STATEMENTS_PARTITION)
     if main_is_live(snapshot.translog.location, snapshot.translog.version):
         return False
-    con.register("log", arrow_dataset(snapshot.translog.files, TRANSLOG_SCHEMA, options))
+    scan_view(con, "log", snapshot.translog.files, TRANSLOG_SCHEMA, options)
     return True
 
 
@@ -217,8 +215,9 @@ def _run_pass(
         if kinds & {ENTITIES, STATISTICS}:
             entities = _HashedFile(folder / "entities.ftm.json") if ENTITIES in kinds else None
             ranges = id_ranges(
-                snapshot.statements.files,
-                ds.statements_table.storage_options,
+                con,
+                "main",
+                sum(f.num_records or 0 for f in snapshot.statements.files),
                 ds.settings.export_duckdb_memory_limit,
             )
             index, lengths = _write_entities(con, ds, entities, ranges)
@@ -263,6 +262,10 @@ def _write_entities(
     length of each entity's line, line end included, in file order."""
     batches: list[pa.RecordBatch] = []
     lengths: list[np.ndarray[Any, Any]] = []
+    # each batch's index columns copied as they come: a column of DuckDB's Arrow
+    # batch holds the whole batch's memory, lines included (at 10M statements
+    # the kept index held 1.9 GB of lines, not 0.3 GB of index)
+    schema = pa.schema([f for f in _index_schema() if f.name in SPARK_INDEX_COLUMNS])
     out = target.path.open("wb") if target is not None else None
     try:
         for batch in entity_stream(con, ds.name, lines=target is not None, ranges=ranges):
@@ -274,15 +277,15 @@ def _write_entities(
                     out.write(data)
                     target.update(data)
                 lengths.append(pc.binary_length(ended).to_numpy(zero_copy_only=False))
-            batches.append(batch.select(SPARK_INDEX_COLUMNS))
+            kept = batch.select(SPARK_INDEX_COLUMNS).cast(schema)
+            batches.append(kept.take(np.arange(kept.num_rows)))
         if out is not None:
             out.flush()
             os.fsync(out.fileno())
     finally:
         if out is not None:
             out.close()
-    schema = pa.schema([f for f in _index_schema() if f.name in SPARK_INDEX_COLUMNS])
-    index = pa.Table.from_batches([b.cast(schema) for b in batches], schema=schema)
+    index = pa.Table.from_batches(batches, schema=schema)
     joined = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
     return index, joined.astype(np.int64)
 

@@ -9,7 +9,7 @@ among an entity's several names, which is made here on the rows that carry
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -19,7 +19,6 @@ import pyarrow.compute as pc
 from lakehouse_assets.entity_lines import NoCommonSchema, _pick, json_string
 from lakehouse_assets.export_duckdb import sql
 from lakehouse_assets.tables.duck import bounded_duckdb
-from lakehouse_assets.tables.snapshot import DataFile, row_group_ranges
 
 if TYPE_CHECKING:
     import duckdb
@@ -30,34 +29,36 @@ if TYPE_CHECKING:
 BATCH_ROWS = 65_536
 #: Statements of the snapshot an entity range holds per GiB of
 #: ``export_duckdb_memory_limit``: the aggregation keeps each entity's values
-#: in lists, which DuckDB does not spill (at 10M statements, one range in 1GB
-#: ran out of memory; 1M in 1GB used about 0.6 GB of it).
-STATEMENTS_PER_GIB = 2_000_000
+#: in lists, which DuckDB does not spill, on each of its threads (1M statements
+#: of the kek set in one range used about 0.6 GB of 1GB).
+STATEMENTS_PER_GIB = 1_000_000
+#: canonical ids sampled to place the ranges' boundaries
+SAMPLED_IDS = 65_536
 
 
 def id_ranges(
-    files: Sequence[DataFile], storage_options: Mapping[str, str], memory_limit: str
+    con: duckdb.DuckDBPyConnection, table: str, statements: int, memory_limit: str
 ) -> list[sql.IdRange]:
-    """Ranges of canonical ids that cut the snapshot's statements into parts of
-    about :data:`STATEMENTS_PER_GIB` per GiB of ``memory_limit``, from the row
-    groups' canonical id minima in the files' footers (each row group holds a
-    narrow run of ids: the files are sorted by bucket, then id), so no data is
-    read to plan them; one range (everything) for a snapshot that fits."""
-    total = sum(f.num_records or 0 for f in files)
+    """Ranges of canonical ids that cut ``statements`` rows of ``table`` into
+    parts of about :data:`STATEMENTS_PER_GIB` per GiB of ``memory_limit``; one
+    range (everything) for a snapshot that fits.
+
+    The boundaries are quantiles of a sample of the canonical ids (a scan of
+    that one column). Not the row groups' minima in the footers: the files are
+    sorted by bucket first, so a row group's ids span the whole id space and
+    their minima all fall at its start (at 10M statements the last range then
+    held nearly everything). Where they fall changes no byte of the output:
+    an entity is in one range, and the ranges follow each other in id order."""
     per_range = max(1, int(STATEMENTS_PER_GIB * memory_gib(memory_limit)))
-    count = -(-total // per_range)
+    count = -(-statements // per_range)
     if count <= 1:
         return [(None, None)]
-    groups = sorted(
-        (low, rows) for low, _, rows in row_group_ranges(files, "canonical_id", storage_options)
-    )
-    seen = sum(rows for _, rows in groups)
-    bounds: list[str] = []
-    cumulative = 0
-    for low, rows in groups:
-        if cumulative >= seen * (len(bounds) + 1) / count and (not bounds or low > bounds[-1]):
-            bounds.append(str(low))
-        cumulative += rows
+    sample = con.execute(
+        f"SELECT canonical_id FROM {table} WHERE canonical_id IS NOT NULL "
+        f"USING SAMPLE reservoir({SAMPLED_IDS} ROWS) REPEATABLE (42)"
+    ).fetchall()
+    ids = sorted(str(row[0]) for row in sample)
+    bounds = sorted({ids[len(ids) * i // count] for i in range(1, count)} if ids else set())
     edges: list[str | None] = [None, *bounds, None]
     return [(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
 

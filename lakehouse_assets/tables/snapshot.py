@@ -295,6 +295,16 @@ def _foreign_types(f: DataFile, schema: pa.Schema, storage_options: Mapping[str,
     )
 
 
+def stored_columns(f: DataFile, storage_options: Mapping[str, str]) -> set[str]:
+    """The columns a data file stores, from its footer (cached); none where it
+    cannot be read (the scan that follows says why)."""
+    try:
+        index = _row_group_index(f.uri, tuple(sorted(storage_options.items())))
+    except (OSError, ValueError, pa.ArrowException):
+        return set()
+    return set(index.columns)
+
+
 def _read_cast(
     f: DataFile, schema: pa.Schema, storage_options: Mapping[str, str], partition: str | None
 ) -> pa.Table:
@@ -386,24 +396,6 @@ def forget_footers() -> None:
 
 
 #: Footers of this many files stay cached (a few kB to a few MB each).
-def row_group_ranges(
-    files: Sequence[DataFile], column: str, storage_options: Mapping[str, str]
-) -> list[tuple[Any, Any, int]]:
-    """(min, max, rows) of ``column`` in each row group of ``files`` that has
-    statistics for it, from their footers (cached): what a reader plans by
-    without reading data (an export cutting its entities into ranges)."""
-    options = tuple(sorted(storage_options.items()))
-    found: list[tuple[Any, Any, int]] = []
-    for file in files:
-        index = _row_group_index(file.uri, options)
-        if column not in index.columns:
-            continue
-        for group, bounds in enumerate(index.ranges(column)):
-            if bounds is not None:
-                found.append((bounds[0], bounds[1], index.metadata.row_group(group).num_rows))
-    return found
-
-
 @lru_cache(maxsize=1024)
 def _row_group_index(uri: str, options: tuple[tuple[str, str], ...]) -> RowGroupIndex:
     fs, path = arrow_filesystem(uri, dict(options))
