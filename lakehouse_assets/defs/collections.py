@@ -75,6 +75,7 @@ from lakehouse_assets.collections.make import (
     sources,
     stale_reason,
 )
+from lakehouse_assets.defs.assets import GROUP as ASSET_GROUP
 from lakehouse_assets.defs.metadata import (
     DATA_VERSION_TAG,
     index_metadata,
@@ -92,7 +93,10 @@ from lakehouse_assets.storage import Store
 
 log = logging.getLogger(__name__)
 
-GROUP = "collections"
+#: The dataset chain's group: one group keeps the lineage page's graph open
+#: (with two, Dagster shows each as a collapsed box) and the edges from a
+#: collection to its leaves' index in one picture.
+GROUP = ASSET_GROUP
 
 #: The first part of every collection asset's key: ``collection/{name}``.
 PREFIX = "collection"
