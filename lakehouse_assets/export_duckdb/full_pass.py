@@ -47,9 +47,14 @@ import pyarrow.compute as pc
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import export_state, faults, progress, staging
-from lakehouse_assets.errors import ExportMemoryError
 from lakehouse_assets.export_duckdb import sql
-from lakehouse_assets.export_duckdb.lines import connect, entity_stream, id_ranges, picked_lines
+from lakehouse_assets.export_duckdb.lines import (
+    connect,
+    entity_stream,
+    id_ranges,
+    memory_error,
+    picked_lines,
+)
 from lakehouse_assets.export_state import SPARK_INDEX_COLUMNS, Aggregates
 from lakehouse_assets.freshness import ENTITIES, STATEMENTS, STATISTICS
 from lakehouse_assets.preload import preload
@@ -168,11 +173,12 @@ def run_pass(
     try:
         return _run_pass(ds, kinds, snapshot)
     except duckdb.OutOfMemoryException as exc:
-        first = next(iter(str(exc).splitlines()), repr(exc))
-        raise ExportMemoryError(
-            f"dataset {ds.name}: DuckDB's export pass ran out of memory "
-            f"(LAKEHOUSE_EXPORT_DUCKDB_MEMORY_LIMIT={ds.settings.export_duckdb_memory_limit}): "
-            f"{first}; raise that limit, or set LAKEHOUSE_EXPORT_ENGINE=spark"
+        raise memory_error(
+            exc,
+            ds.settings,
+            ds.name,
+            "in its export pass",
+            "; raise that limit, or set LAKEHOUSE_EXPORT_ENGINE=spark",
         ) from None
 
 

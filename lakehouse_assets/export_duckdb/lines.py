@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakehouse_assets.entity_lines import NoCommonSchema, _pick, json_string
+from lakehouse_assets.errors import ExportMemoryError
 from lakehouse_assets.export_duckdb import sql
 from lakehouse_assets.tables.duck import bounded_duckdb
 
@@ -75,6 +76,19 @@ def table_ranges(table: pa.Table, memory_limit: str) -> list[sql.IdRange]:
     bounds = sorted({str(ids[len(ids) * i // count]) for i in range(1, count)})
     edges: list[str | None] = [None, *bounds, None]
     return [(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+
+
+def memory_error(
+    exc: BaseException, settings: Settings, dataset: str, what: str, advice: str = ""
+) -> ExportMemoryError:
+    """The error of a DuckDB pass that ran out of ``export_duckdb_memory_limit``:
+    which dataset, what it was making, the limit's setting and DuckDB's first line."""
+    first = next(iter(str(exc).splitlines()), repr(exc))
+    return ExportMemoryError(
+        f"dataset {dataset}: DuckDB ran out of memory {what} "
+        f"(LAKEHOUSE_EXPORT_DUCKDB_MEMORY_LIMIT={settings.export_duckdb_memory_limit}): "
+        f"{first}{advice}"
+    )
 
 
 def memory_gib(limit: str) -> float:

@@ -16,9 +16,14 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakehouse_assets.errors import ExportMemoryError
 from lakehouse_assets.export_duckdb import sql
-from lakehouse_assets.export_duckdb.lines import connect, entity_stream, picked_lines, table_ranges
+from lakehouse_assets.export_duckdb.lines import (
+    connect,
+    entity_stream,
+    memory_error,
+    picked_lines,
+    table_ranges,
+)
 from lakehouse_assets.export_state import INDEX_SCHEMA, SPARK_INDEX_COLUMNS
 
 if TYPE_CHECKING:
@@ -46,12 +51,7 @@ def entity_rows(live: pa.Table, *, origins: int, settings: Settings, dataset: st
     try:
         return _entity_rows(live, origins=origins, settings=settings, dataset=dataset)
     except duckdb.OutOfMemoryException as exc:
-        first = next(iter(str(exc).splitlines()), repr(exc))
-        raise ExportMemoryError(
-            f"dataset {dataset}: DuckDB ran out of memory making the changed entities' lines "
-            f"(LAKEHOUSE_EXPORT_DUCKDB_MEMORY_LIMIT={settings.export_duckdb_memory_limit}): "
-            f"{first}"
-        ) from None
+        raise memory_error(exc, settings, dataset, "making the changed entities' lines") from None
 
 
 def _entity_rows(live: pa.Table, *, origins: int, settings: Settings, dataset: str) -> pa.Table:
