@@ -552,6 +552,47 @@ def test_a_first_build_skips_the_join_with_the_same_bytes(
     assert again["last_seen"] > before["last_seen"]
 
 
+@pytest.mark.parametrize("flusher", ["driver", "spark"])
+def test_a_statement_another_writer_deleted_and_written_again_keeps_its_first_seen(
+    spark: SparkSession, local_lake: Lakehouse, flusher: str
+) -> None:
+    """Found by the versions property: a delta-rs ``delete()`` of an entity's rows
+    from the statements table leaves their translog rows; written again, they are
+    new main rows (first_seen now) whose translog rows keep the first flush's
+    first_seen. That flush must not say the translog changes no main row: the
+    exports' join is then no identity, and the export, the version's record and
+    a rendering as of the version must agree on the translog's first_seen."""
+    import io
+    import time
+
+    from deltalake import DeltaTable
+
+    if flusher == "spark":
+        local_lake.settings.flush_driver_rows = 0
+    ds = local_lake.create_dataset(f"foreign_{flusher}")
+    entity = sample_entities()[0]
+    ds.add_entity(entity, origin="crawl")
+    ds.add_entity(sample_entities()[1], origin="crawl")
+    ds.make()
+    first = next(
+        orjson.loads(x)
+        for x in ds.store.read_bytes(cv.dataset_path(ds.name, cv.ENTITIES_JSON)).splitlines()
+        if orjson.loads(x)["id"] == entity["id"]
+    )
+    DeltaTable(ds.statements_table.uri).delete(f"canonical_id = '{entity['id']}'")
+    time.sleep(1.1)  # seen times have one-second resolution
+    ds.add_entity(entity, origin="crawl")
+    ds.make()
+    raw = ds.store.read_bytes(cv.dataset_path(ds.name, cv.ENTITIES_JSON))
+    exported = {orjson.loads(x)["id"]: orjson.loads(x) for x in raw.splitlines()}
+    as_of = io.BytesIO()
+    ds.export_as_of(ds.versions()[-1].sequence, "entities", as_of)
+    rendered = {orjson.loads(x)["id"]: orjson.loads(x) for x in as_of.getvalue().splitlines()}
+    assert exported == rendered
+    again = exported[entity["id"]]
+    assert again["first_seen"] == first["first_seen"] < again["last_seen"]
+
+
 def test_ranged_coalesces_only_a_small_input_wanted_in_one_partition(
     spark: SparkSession,
     capsys: pytest.CaptureFixture[str],

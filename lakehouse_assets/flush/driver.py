@@ -152,7 +152,10 @@ def _flush_batch_on_driver(
     # a tombstone for a statement that never reached the table has nothing to mark.
     kept = pc.or_(in_main, pc.invert(dead))
     updates = reduced.filter(kept)
-    only_new = not pc.any(in_main).as_py()  # no duplicate, no tombstone
+    # no duplicate, no tombstone, and no translog row of one of them (a statement
+    # another writer deleted from the statements table keeps its translog row and
+    # first_seen, which the new main row does not have)
+    only_new = not pc.any(in_main).as_py() and holding.rows.num_rows == 0
     version = _rewrite_translog_on_driver(
         ds, updates, log_snapshot, rewritten, holding.rows, meta, fence, published, only_new
     )

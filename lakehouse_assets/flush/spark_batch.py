@@ -463,8 +463,18 @@ def rewrite_translog(
     adds = write_files(
         merged, location.uri, options, TRANSLOG_SCHEMA, staging_uri=staging_uri, prefix="translog"
     )
+    # a stored translog row of one of the batch's statements (one another writer
+    # deleted from the statements table, written again) keeps its first_seen,
+    # which the new main row does not have: the join is then no identity
     return _commit_translog(
-        ds, snapshot, old_files, adds, metadata, fence, publishes, only_new=only_new
+        ds,
+        snapshot,
+        old_files,
+        adds,
+        metadata,
+        fence,
+        publishes,
+        only_new=only_new and not old_files,
     )
 
 
