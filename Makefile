@@ -17,6 +17,10 @@ YENTE_STAMP := $(YENTE_VENV)/.installed
 # caps pyarrow at 23 (we pin 26); the sharing tests drive it there (skip without it)
 SHARING_VENV ?= .venv-sharing
 SHARING_STAMP := $(SHARING_VENV)/.installed
+# the data-plane group again in process and on the cluster (setup.cfg's markers):
+# not the tests that start no Spark, nor on the cluster those of the driver itself
+INPROCESS_TESTS := spark_modes and not spark_free
+CLUSTER_TESTS := (spark_modes and not spark_free and not driver) or cluster
 # the persistent Dagster instance (runs, sensors' cursors, partitions)
 export DAGSTER_HOME := $(CURDIR)/dagster_home
 
@@ -71,13 +75,13 @@ ui: install java
 test: install java yente sharing-client
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH dg check defs
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
-	LAKEHOUSE_TEST_SPARK=inprocess $(PY) -m pytest -n 2 --dist loadfile -m spark_modes $(PYTEST_ARGS)
-	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist loadfile -m "spark_modes or cluster" $(PYTEST_ARGS)
+	LAKEHOUSE_TEST_SPARK=inprocess $(PY) -m pytest -n 2 --dist loadfile -m "$(INPROCESS_TESTS)" $(PYTEST_ARGS)
+	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist loadfile -m "$(CLUSTER_TESTS)" $(PYTEST_ARGS)
 
 # the cluster part of `make test` alone: the data-plane group and the cluster
 # tests on the local standalone cluster
 test-cluster: install java
-	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist loadfile -m "spark_modes or cluster" $(PYTEST_ARGS)
+	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist loadfile -m "$(CLUSTER_TESTS)" $(PYTEST_ARGS)
 
 # the property suite with every property at >= 100 examples locally, 20 on S3,
 # the crash tests at every flush fault point, and the HTTP API's fuzz run at 100

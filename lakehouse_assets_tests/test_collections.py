@@ -371,6 +371,7 @@ def test_cycle_and_missing_child(built: tuple[Lakehouse, Dataset]) -> None:
         leaves(lake.store, "orphan")
 
 
+@pytest.mark.spark_free
 def test_clusters_follow_identifier_order() -> None:
     """Union-find roots are nomenklatura's canonical: QID > NK- > other, then id order."""
     got = clusters([("b", "a"), ("NK-x", "b"), ("Q2", "c"), ("c", "a"), ("Q10", "d")])

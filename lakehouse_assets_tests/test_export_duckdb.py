@@ -45,6 +45,7 @@ def duckdb_json(texts: list[str]) -> list[str]:
     return [r[0] for r in rows]
 
 
+@pytest.mark.spark_free
 def test_duckdb_escapes_every_character_as_jackson_does() -> None:
     """Every code point (the surrogates aside: UTF-8 has none), one string per
     block of 4,096: DuckDB's ``to_json`` of a string is Jackson's (Spark's)."""
@@ -56,6 +57,7 @@ def test_duckdb_escapes_every_character_as_jackson_does() -> None:
     assert duckdb_json(blocks) == [json_string(b) for b in blocks]
 
 
+@pytest.mark.spark_free
 @settings(max_examples=examples(200, 2000), deadline=None)
 @given(st.lists(st.text(st.characters(codec="utf-8")), min_size=1, max_size=20))
 def test_duckdb_json_strings_are_jacksons(texts: list[str]) -> None:

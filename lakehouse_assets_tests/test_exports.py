@@ -278,6 +278,7 @@ def test_sql_rendering_is_followthemoneys_csv_writer(
     assert sum(n for _, n in statement_csv_buffers(ds, ds.snapshot())) == len(seen)
 
 
+@pytest.mark.driver
 def test_statistics_in_a_fresh_process_import_ftmq_while_spark_aggregates(
     spark: SparkSession, local_lake: Lakehouse
 ) -> None:
@@ -309,6 +310,7 @@ def test_statistics_in_a_fresh_process_import_ftmq_while_spark_aggregates(
     assert ds.store.read_bytes(path) == want  # the same bytes in another process
 
 
+@pytest.mark.spark_free
 def test_statistics_json_is_the_same_bytes_under_every_hash_seed() -> None:
     """ftmq keeps a dataset's countries as a set; written in the set's order, the
     file changed with each process's string hash seed. It is ftmq's JSON with
@@ -339,6 +341,7 @@ def test_statistics_json_is_the_same_bytes_under_every_hash_seed() -> None:
     assert len({ftmq_json for ftmq_json, _ in outputs}) > 1  # what this is about
 
 
+@pytest.mark.spark_free
 def test_preloading_a_module_that_fails_leaves_the_error_to_the_importer() -> None:
     """Both threads importing ftmq at once get one finished module; a module that
     cannot be imported only ends the thread (the caller's import raises)."""
@@ -708,6 +711,7 @@ def test_entities_with_no_common_schema_fail_the_export_by_name(
     assert not is_fresh(ds, "entities")
 
 
+@pytest.mark.driver
 def test_an_export_whose_spark_went_away_raises_its_own_error_and_cleans_up(
     spark: SparkSession, local_lake: Lakehouse
 ) -> None:

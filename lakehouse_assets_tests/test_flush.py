@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.spark_modes
 
 
+@pytest.mark.spark_free
 def test_plan_batches_groups_buckets_up_to_the_row_budget() -> None:
     assert plan_batches([(0, 5), (1, 5), (2, 5), (7, 20)], 10) == [[0, 1], [2], [7]]
     assert plan_batches([], 10) == []
@@ -325,6 +326,7 @@ def reference_reduce(
     return out
 
 
+@pytest.mark.spark_free
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
@@ -398,6 +400,7 @@ _log_row = st.tuples(
 )
 
 
+@pytest.mark.spark_free
 @settings(max_examples=examples(50, 500), deadline=None)
 @given(stored=st.lists(_log_row, max_size=12), updates=st.lists(_log_row, max_size=8))
 def test_merge_rows_follows_the_rule(
@@ -453,6 +456,7 @@ def test_merge_rows_follows_the_rule(
     )
 
 
+@pytest.mark.spark_free
 def test_a_flush_tasks_worker_imports_no_followthemoney() -> None:
     """Spark keeps a Python worker per running task and per data-source planner;
     each imports what unpickling its task needs. The journal source's task

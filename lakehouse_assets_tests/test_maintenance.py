@@ -120,6 +120,7 @@ def test_optimize_on_the_driver_and_with_spark_change_nothing_visible(
     assert check("by_spark", sorted_files=False) > 0
 
 
+@pytest.mark.spark_free
 @settings(max_examples=examples(100, 1000), deadline=None)
 @given(
     st.lists(
