@@ -506,6 +506,7 @@ def test_the_export_is_the_same_bytes_on_one_partition_and_on_several(
     assert [normal(g) for g in got] == [normal(w) for w in want]
 
 
+@pytest.mark.driver
 def test_a_first_build_skips_the_join_with_the_same_bytes(
     spark: SparkSession, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -649,6 +650,7 @@ def test_the_spark_driver_runs_with_the_configured_java_options(spark: SparkSess
     assert options.endswith(wanted) and "-XX:-UsePerfData" in options, options
 
 
+@pytest.mark.driver
 def test_the_caption_udf_is_planned_only_when_an_entity_needs_a_pick(
     spark: SparkSession,
     local_lake: Lakehouse,
@@ -753,6 +755,7 @@ def test_an_export_whose_spark_went_away_raises_its_own_error_and_cleans_up(
     assert ds.store.read_bytes(cv.dataset_path(ds.name, cv.ENTITIES_JSON)) == before
 
 
+@pytest.mark.driver
 def test_index_takes_the_checksums_the_export_pass_computed(
     spark: SparkSession,
     local_lake: Lakehouse,

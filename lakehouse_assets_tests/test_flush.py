@@ -780,6 +780,7 @@ def test_a_change_spread_over_every_file_is_merged_on_the_driver_up_to_its_bound
     assert driver[1][0] > 0 and driver[1][1] > 0 and driver[1][2] > 0
 
 
+@pytest.mark.driver
 def test_the_translog_says_while_it_changes_no_stored_row(
     spark: SparkSession, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
 ) -> None:

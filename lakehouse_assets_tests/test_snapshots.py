@@ -15,7 +15,9 @@ from lakehouse_assets.query import live_statements
 from lakehouse_assets_tests.conftest import sample_entities
 
 #: the data-plane group: ``make test`` runs it with Spark Connect and in process
-pytestmark = pytest.mark.spark_modes
+#: what a reader sees is decided by the commits and the snapshot reads, both the
+#: driver's: the cluster pass, whose executors change nothing of it, leaves it out
+pytestmark = [pytest.mark.spark_modes, pytest.mark.driver]
 
 ENTITIES = sample_entities()
 
