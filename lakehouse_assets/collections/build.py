@@ -14,7 +14,10 @@ per statement:
 
 The rows are written as the collection's own ``entities/statements`` and
 ``entities/translog`` Delta tables (each an overwrite commit, the translog's
-publishing the statements version, as compact does), so everything a dataset
+publishing the statements version, as compact does), and what changed since
+the previous build is recorded in the collection's change feed
+(:mod:`.changes`: the exports after it re-render only the canonical entities
+it touched), so everything a dataset
 does from its tables works for a collection unchanged: the exports (one
 merged entity per canonical id: followthemoney's common schema, ``referents``
 the other ids, ``datasets`` the leaves), statistics, ``index.json``, the
@@ -33,14 +36,18 @@ from dataclasses import asdict, dataclass, field
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
+import pyarrow.compute as pc
+
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import progress, staging
+from lakehouse_assets.collections import changes
 from lakehouse_assets.collections.judgements import canonical_table
 from lakehouse_assets.collections.leaves import leaves
 from lakehouse_assets.collections.resolver import CANONICAL_SCHEMA
 from lakehouse_assets.errors import CollectionError
 from lakehouse_assets.journal import BUCKETS
 from lakehouse_assets.spark.session import get_spark, partitions_for, ranged
+from lakehouse_assets.tables import feed
 from lakehouse_assets.tables.delta import commit
 from lakehouse_assets.tables.schemas import (
     PROVENANCE_FIELDS,
@@ -51,6 +58,7 @@ from lakehouse_assets.tables.schemas import (
 )
 from lakehouse_assets.tables.snapshot import Snapshot
 from lakehouse_assets.tables.spark_io import live_frame, read_snapshot, write_files
+from lakehouse_assets.tables.translog import MAIN_IS_LIVE_KEY
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -74,6 +82,10 @@ class BuildResult:
     leaves: dict[str, list[int | None]] = field(default_factory=dict)
     statements: int = 0
     merged_ids: int = 0
+    #: statements the build made live / dead against the collection's previous
+    #: build (None: a first build, or a change too large to record)
+    live: int | None = None
+    dead: int | None = None
     version: tuple[int | None, int | None] = (None, None)
     seconds: float = 0.0
 
@@ -205,6 +217,9 @@ def build(ds: DatasetContext, *, wait: float | None = None) -> BuildResult:
         resolved = resolved.persist()
         try:
             check_schemata(resolved, ds.name)
+            changed = None
+            if current.statements.version is not None:
+                changed = changes.changed_statements(resolved, live_frame(spark, ds, current))
             main, translog = ds.statements_table, ds.translog_table
             with staging.area(ds, "collection") as area:
                 partitions = partitions_for(ds.settings, parquet)
@@ -249,16 +264,29 @@ def build(ds: DatasetContext, *, wait: float | None = None) -> BuildResult:
                     TRANSLOG_SCHEMA,
                     staging_uri=area,
                 )
-                commit(
+                # every row live, seen ranges those of the statements table: the
+                # exports' join of the two is an identity and is skipped
+                logged = commit(
                     translog,
                     adds,
                     schema=TRANSLOG_SCHEMA,
                     mode="overwrite",
-                    metadata=meta,
+                    metadata={**meta, MAIN_IS_LIVE_KEY: "true"},
                     fence=lock.fence(),
                     read_version=current.translog.version,
                     publishes=version,
                 )
+                if changed is not None:
+                    changes.record(
+                        ds,
+                        changed,
+                        translog_version=logged,
+                        statements_version=version,
+                        fence=lock.fence(),
+                    )
+                    kinds = changed.column("change")
+                    result.live = int(pc.sum(pc.equal(kinds, feed.LIVE)).as_py() or 0)
+                    result.dead = changed.num_rows - result.live
             result.statements = resolved.count()
             result.merged_ids = (
                 resolved.where(F.col("canonical_id") != F.col("entity_id"))
@@ -273,11 +301,14 @@ def build(ds: DatasetContext, *, wait: float | None = None) -> BuildResult:
         result.seconds = time.monotonic() - clock
         job.run.stats = result.as_dict()
     progress.stage(
-        "collection %s: %s statements of %d leaves, %s merged ids, in %.1f s",
+        "collection %s: %s statements of %d leaves, %s merged ids, %s, in %.1f s",
         ds.name,
         f"{result.statements:,}",
         len(result.leaves),
         f"{result.merged_ids:,}",
+        "no change recorded (a first build, or most rows changed)"
+        if result.live is None
+        else f"{result.live:,} statements made live and {result.dead:,} dead",
         result.seconds,
     )
     return result
