@@ -315,15 +315,37 @@ def test_judgement_change_rebuilds_byte_identical_to_full(
 
 
 @data_plane
-def test_incompatible_cluster_is_reported(built: tuple[Lakehouse, Dataset]) -> None:
-    """A Person merged with a Vessel stops the build naming the cluster; nothing
-    is published and the previous files stay."""
+def test_duckdb_and_spark_build_the_same_collection(
+    built: tuple[Lakehouse, Dataset], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collection's rows made on the driver by DuckDB and by Spark's plan
+    (``export_engine``): the same exports, byte for byte."""
+    lake, coll = built
+    files = {}
+    for engine in ("spark", "duckdb"):
+        monkeypatch.setattr(coll.settings, "export_engine", engine)
+        result = make(coll, force=True)
+        assert result.built is not None and result.built.engine == engine
+        files[engine] = {
+            p: exported(coll, p) for p in (cv.STATEMENTS_CSV, cv.ENTITIES_JSON, cv.STATISTICS_JSON)
+        }
+    assert files["spark"] == files["duckdb"]
+
+
+@data_plane
+@pytest.mark.parametrize("engine", ["duckdb", "spark"])
+def test_incompatible_cluster_is_reported(
+    built: tuple[Lakehouse, Dataset], engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Person merged with a Vessel stops the build naming the cluster, on either
+    engine; nothing is published and the previous files stay."""
     lake, _ = built
-    bad = lake.create_dataset("coll_bad", children=["leaf_a", "leaf_c"])
+    bad = lake.create_dataset(f"coll_bad_{engine}", children=["leaf_a", "leaf_c"])
+    monkeypatch.setattr(bad.settings, "export_engine", engine)
     judgements.decide(bad, "a-ann", "c-ship", "positive", user="t")
     with pytest.raises(CollectionError, match=r"no common schema.*Person, Vessel.*a-ann, c-ship"):
         build(bad)
-    assert not bad.store.exists(cv.dataset_path("coll_bad", cv.ENTITIES_JSON))
+    assert not bad.store.exists(cv.dataset_path(bad.name, cv.ENTITIES_JSON))
 
 
 def test_a_collection_refuses_writes_to_its_own_journal(

@@ -40,10 +40,12 @@ import pyarrow.compute as pc
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets import progress, staging
-from lakehouse_assets.collections import changes
+from lakehouse_assets.collections import build_duckdb, changes
+from lakehouse_assets.collections.build_duckdb import Built
 from lakehouse_assets.collections.judgements import canonical_table
 from lakehouse_assets.collections.leaves import leaves
 from lakehouse_assets.collections.resolver import CANONICAL_SCHEMA
+from lakehouse_assets.collections.schemata import check_clusters
 from lakehouse_assets.errors import CollectionError
 from lakehouse_assets.journal import BUCKETS
 from lakehouse_assets.spark.session import get_spark, partitions_for, ranged
@@ -64,14 +66,13 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from lakehouse_assets.context import DatasetContext
+    from lakehouse_assets.tables.snapshot import DatasetSnapshot
 
 log = logging.getLogger(__name__)
 
 #: The order of the statements table's files (the flush's and compact's).
 STATEMENTS_ORDER = ("bucket", "canonical_id", "prop", "value", "origin")
 
-#: How many incompatible clusters an error lists (the count is always given).
-SHOWN = 10
 
 
 @dataclass
@@ -82,6 +83,8 @@ class BuildResult:
     leaves: dict[str, list[int | None]] = field(default_factory=dict)
     statements: int = 0
     merged_ids: int = 0
+    #: what built the rows: ``duckdb`` on the driver, or ``spark``
+    engine: str = "spark"
     #: statements the build made live / dead against the collection's previous
     #: build (None: a first build, or a change too large to record)
     live: int | None = None
@@ -169,10 +172,7 @@ def resolved_frame(
 
 
 def check_schemata(resolved: DataFrame, collection: str) -> None:
-    """Refuse clusters whose schemata have no common schema (followthemoney's
-    ``common_schema``), naming each: a merged entity is never dropped silently."""
-    from followthemoney import model
-    from followthemoney.exc import InvalidData
+    """:func:`check_clusters` of the Spark plan's rows."""
     from pyspark.sql import functions as F
 
     rows = (
@@ -184,124 +184,124 @@ def check_schemata(resolved: DataFrame, collection: str) -> None:
         .where(F.size("schemata") > 1)
         .collect()
     )
-    bad = []
-    for row in sorted(rows, key=lambda r: r["canonical_id"]):
-        try:
-            reduce(model.common_schema, row["schemata"])
-        except InvalidData:
-            bad.append(
-                f"{row['canonical_id']} (schemata {', '.join(row['schemata'])}; "
-                f"members {', '.join(row['members'])})"
-            )
-    if bad:
-        more = f"; and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""
-        raise CollectionError(
-            f"collection {collection}: {len(bad)} cluster(s) merge entities with no common "
-            f"schema: {'; '.join(bad[:SHOWN])}{more}; fix the judgements "
-            "(`lakehouse resolver decide A B negative` and remove the positive edge)"
+    check_clusters([(r["canonical_id"], r["schemata"], r["members"]) for r in rows], collection)
+
+
+def _spark_build(ds: DatasetContext, current: DatasetSnapshot, area: str) -> Built:
+    """The build on Spark (:func:`resolved_frame`): its files written through the
+    run's staging ``area``, nothing committed."""
+    from pyspark.sql import functions as F
+
+    spark = get_spark(ds.settings)
+    resolved, versions, parquet = resolved_frame(spark, ds)
+    resolved = resolved.persist()
+    try:
+        check_schemata(resolved, ds.name)
+        changed = None
+        if current.statements.version is not None:
+            changed = changes.changed_statements(resolved, live_frame(spark, ds, current))
+        main, translog = ds.statements_table, ds.translog_table
+        partitions = partitions_for(ds.settings, parquet)
+        ordered = ranged(
+            resolved, partitions, "bucket", "canonical_id", input_bytes=parquet
+        ).sortWithinPartitions(*STATEMENTS_ORDER)
+        actions = write_files(
+            ordered,
+            main.uri,
+            main.storage_options,
+            STATEMENTS_SCHEMA,
+            staging_uri=area,
+            partition=STATEMENTS_PARTITION,
         )
+        log_rows = resolved.select(
+            "id",
+            "bucket",
+            "first_seen",
+            "last_seen",
+            F.lit(None).cast("string").alias("deleted_at"),
+            "origin",
+            *[F.lit(None).cast("string").alias(c) for c in PROVENANCE_FIELDS],
+        )
+        log_rows = ranged(log_rows, partitions, "bucket", input_bytes=parquet).sortWithinPartitions(
+            "bucket", "origin", "id"
+        )
+        adds = write_files(
+            log_rows, translog.uri, translog.storage_options, TRANSLOG_SCHEMA, staging_uri=area
+        )
+        count = resolved.count()
+        merged = (
+            resolved.where(F.col("canonical_id") != F.col("entity_id"))
+            .select("entity_id")
+            .distinct()
+            .count()
+        )
+    finally:
+        resolved.unpersist()
+    return Built(actions, adds, changed, count, merged, versions)
 
 
 @progress.part("collection")
 def build(ds: DatasetContext, *, wait: float | None = None) -> BuildResult:
     """Rewrite the collection's statements and translog tables from its leaves and
-    judgements (see the module docstring); both commits under its ``.LOCK``."""
-    from pyspark.sql import functions as F
-
+    judgements (see the module docstring) with DuckDB or Spark
+    (:func:`.build_duckdb.takes_build`); both commits, and the change feed's,
+    under its ``.LOCK``."""
     clock = time.monotonic()
     result = BuildResult(ds.name)
-    spark = get_spark(ds.settings)
     with ds.table_lock("collection", wait=wait) as lock, ds.job("collection") as job:
         current = ds.snapshot()
-        resolved, result.leaves, parquet = resolved_frame(spark, ds)
-        resolved = resolved.persist()
-        try:
-            check_schemata(resolved, ds.name)
-            changed = None
-            if current.statements.version is not None:
-                changed = changes.changed_statements(resolved, live_frame(spark, ds, current))
+        with staging.area(ds, "collection") as area:
+            if build_duckdb.takes_build(ds):
+                result.engine = "duckdb"
+                built = build_duckdb.build(ds, current)
+            else:
+                built = _spark_build(ds, current, area)
             main, translog = ds.statements_table, ds.translog_table
-            with staging.area(ds, "collection") as area:
-                partitions = partitions_for(ds.settings, parquet)
-                ordered = ranged(
-                    resolved, partitions, "bucket", "canonical_id", input_bytes=parquet
-                ).sortWithinPartitions(*STATEMENTS_ORDER)
-                actions = write_files(
-                    ordered,
-                    main.uri,
-                    main.storage_options,
-                    STATEMENTS_SCHEMA,
-                    staging_uri=area,
-                    partition=STATEMENTS_PARTITION,
-                )
-                meta = {"lakehouse.operation": "collection", "dataset": ds.name}
-                version = commit(
-                    main,
-                    actions,
-                    schema=STATEMENTS_SCHEMA,
-                    partition_by=[STATEMENTS_PARTITION],
-                    mode="overwrite",
-                    metadata=meta,
-                    fence=lock.fence(),
-                    read_version=current.statements.version,
-                )
-                log_rows = resolved.select(
-                    "id",
-                    "bucket",
-                    "first_seen",
-                    "last_seen",
-                    F.lit(None).cast("string").alias("deleted_at"),
-                    "origin",
-                    *[F.lit(None).cast("string").alias(c) for c in PROVENANCE_FIELDS],
-                )
-                log_rows = ranged(
-                    log_rows, partitions, "bucket", input_bytes=parquet
-                ).sortWithinPartitions("bucket", "origin", "id")
-                adds = write_files(
-                    log_rows,
-                    translog.uri,
-                    translog.storage_options,
-                    TRANSLOG_SCHEMA,
-                    staging_uri=area,
-                )
-                # every row live, seen ranges those of the statements table: the
-                # exports' join of the two is an identity and is skipped
-                logged = commit(
-                    translog,
-                    adds,
-                    schema=TRANSLOG_SCHEMA,
-                    mode="overwrite",
-                    metadata={**meta, MAIN_IS_LIVE_KEY: "true"},
-                    fence=lock.fence(),
-                    read_version=current.translog.version,
-                    publishes=version,
-                )
-                if changed is not None:
-                    changes.record(
-                        ds,
-                        changed,
-                        translog_version=logged,
-                        statements_version=version,
-                        fence=lock.fence(),
-                    )
-                    kinds = changed.column("change")
-                    result.live = int(pc.sum(pc.equal(kinds, feed.LIVE)).as_py() or 0)
-                    result.dead = changed.num_rows - result.live
-            result.statements = resolved.count()
-            result.merged_ids = (
-                resolved.where(F.col("canonical_id") != F.col("entity_id"))
-                .select("entity_id")
-                .distinct()
-                .count()
+            meta = {"lakehouse.operation": "collection", "dataset": ds.name}
+            version = commit(
+                main,
+                built.statements,
+                schema=STATEMENTS_SCHEMA,
+                partition_by=[STATEMENTS_PARTITION],
+                mode="overwrite",
+                metadata=meta,
+                fence=lock.fence(),
+                read_version=current.statements.version,
             )
-        finally:
-            resolved.unpersist()
+            # every row live, seen ranges those of the statements table: the
+            # exports' join of the two is an identity and is skipped
+            logged = commit(
+                translog,
+                built.translog,
+                schema=TRANSLOG_SCHEMA,
+                mode="overwrite",
+                metadata={**meta, MAIN_IS_LIVE_KEY: "true"},
+                fence=lock.fence(),
+                read_version=current.translog.version,
+                publishes=version,
+            )
+            if built.changed is not None:
+                changes.record(
+                    ds,
+                    built.changed,
+                    translog_version=logged,
+                    statements_version=version,
+                    fence=lock.fence(),
+                )
+                kinds = built.changed.column("change")
+                result.live = int(pc.sum(pc.equal(kinds, feed.LIVE)).as_py() or 0)
+                result.dead = built.changed.num_rows - result.live
+        result.leaves, result.statements, result.merged_ids = (
+            built.leaves,
+            built.count,
+            built.merged_ids,
+        )
         result.version = ds.snapshot().versions
         ds.core_tags.touch(cv.STATEMENTS_LAST_UPDATED)
         result.seconds = time.monotonic() - clock
         job.run.stats = result.as_dict()
     progress.stage(
-        "collection %s: %s statements of %d leaves, %s merged ids, %s, in %.1f s",
+        "collection %s: %s statements of %d leaves, %s merged ids, %s, in %.1f s (%s)",
         ds.name,
         f"{result.statements:,}",
         len(result.leaves),
@@ -310,5 +310,6 @@ def build(ds: DatasetContext, *, wait: float | None = None) -> BuildResult:
         if result.live is None
         else f"{result.live:,} statements made live and {result.dead:,} dead",
         result.seconds,
+        result.engine,
     )
     return result
