@@ -74,7 +74,6 @@ log = logging.getLogger(__name__)
 STATEMENTS_ORDER = ("bucket", "canonical_id", "prop", "value", "origin")
 
 
-
 @dataclass
 class BuildResult:
     """What a build wrote: the leaves, their snapshots, the table versions."""
