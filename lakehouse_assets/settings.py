@@ -214,7 +214,8 @@ class Settings(BaseSettings):
     export_engine: Literal["auto", "duckdb", "spark"] = Field(
         default="auto",
         description=(
-            "What makes a full export pass: `duckdb` (on the driver, this process: no "
+            "What makes a full export pass and a collection's build: `duckdb` (on the "
+            "driver, this process: no "
             "JVM, no Spark tasks), `spark` (Spark's plan, on its local JVM or the "
             "cluster), or `auto`: DuckDB for a snapshot of at most "
             "export_duckdb_max_statements statements, Spark beyond. Both write the "
@@ -229,7 +230,8 @@ class Settings(BaseSettings):
         le=2**40,
         description=(
             "With export_engine `auto`, the largest snapshot (statements in its files, "
-            "before deletes) whose full export pass DuckDB makes on the driver."
+            "before deletes) whose full export pass DuckDB makes on the driver; for a "
+            "collection's build, the statements of its leaves."
         ),
     )
     export_duckdb_memory_limit: str = Field(

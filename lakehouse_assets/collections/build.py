@@ -1,6 +1,7 @@
 """A collection's statements: its leaves' live statements, resolved, as its own tables.
 
-One Spark plan: the union of every leaf's live statements (each at its latest
+One plan, on Spark or (up to ``export_duckdb_max_statements``, :mod:`.build_duckdb`)
+in DuckDB on the driver: the union of every leaf's live statements (each at its latest
 snapshot), left-joined with the collection's canonical-id table
 (:mod:`.judgements`) twice, as nomenklatura's ``Linker.apply_statement`` does
 per statement:

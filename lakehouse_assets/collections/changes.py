@@ -4,7 +4,8 @@ A collection has no journal and no flush, so nothing records what a build
 changed, and without a record every export after a rebuild took its full
 pass (every canonical entity re-aggregated and re-serialised, whatever the
 change). The build therefore compares its new rows with the collection's
-live rows before it (Spark's ``exceptAll`` both ways, every column: a row
+live rows before it (``EXCEPT ALL`` both ways, in Spark or DuckDB as the
+build ran, every column: a row
 whose canonical id, rewritten value, statement id or seen range moved is
 one statement dead and one live) and records the difference as a flush
 does (:mod:`lakehouse_assets.tables.feed`): a ``version`` row for the
