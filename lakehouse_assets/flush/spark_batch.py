@@ -17,12 +17,12 @@ from lakehouse_assets.flush.commits import (
     KEY_SCHEMA,
     FlushResult,
     Reader,
-    _commit_changes,
     _commit_statements,
     _commit_translog,
     _key_table,
     _num_records,
     _tasks,
+    commit_changes,
 )
 from lakehouse_assets.journal import Claim
 from lakehouse_assets.journal_stage import stage_batch
@@ -382,6 +382,12 @@ def _flush_batch(
     result.batches += 1
 
 
+#: At most this many candidate translog rows are read on the driver by the probe
+#: of a batch's keys (beyond, and over most of the table, Spark rewrites every
+#: file of the span without knowing which hold the batch's rows).
+ONLY_NEW_CHECK_ROWS = 1_000_000
+
+
 def rewrite_translog(
     spark: SparkSession,
     ds: DatasetContext,
@@ -424,7 +430,17 @@ def rewrite_translog(
     old_files = snapshot.select(span)
     found = None
     if keys is not None and old_files:
-        found = probe(old_files, TRANSLOG_SCHEMA, options, keys, key_column="id")
+        # read up to ONLY_NEW_CHECK_ROWS candidate rows even where most of the
+        # table's row groups are candidates (a small table): the rows say
+        # whether the batch's statements have translog rows (``only_new``)
+        found = probe(
+            old_files,
+            TRANSLOG_SCHEMA,
+            options,
+            keys,
+            key_column="id",
+            max_rows=ONLY_NEW_CHECK_ROWS,
+        )
     if found is not None:
         old_files = [f for f in old_files if f.path in found.files]
         if result is not None:
@@ -474,7 +490,7 @@ def rewrite_translog(
         metadata,
         fence,
         publishes,
-        only_new=only_new and not old_files,
+        only_new=only_new and (not old_files or (found is not None and not found.rows.num_rows)),
     )
 
 
@@ -526,4 +542,4 @@ def record_changes(
         staging_uri=staging_uri,
         prefix="changes",
     )
-    _commit_changes(ds, actions, flush_id, fence, version)
+    commit_changes(ds, actions, flush_id, fence, version)
