@@ -37,13 +37,11 @@ import uuid
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from lakehouse_assets.flush.commits import commit_changes
 from lakehouse_assets.tables import feed
-from lakehouse_assets.tables.delta import commit
 from lakehouse_assets.tables.parquet_files import write_table
 from lakehouse_assets.tables.schemas import CHANGES_SCHEMA, STATEMENTS_SCHEMA
-from lakehouse_assets.tables.snapshot import Snapshot
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -82,46 +80,12 @@ def record(
     fence: Fence,
 ) -> None:
     """Commit a build's feed rows (:func:`changed_statements`) and the row that says
-    ``translog_version`` is covered, under the build's lock fence."""
+    ``translog_version`` is covered, under the build's lock fence, as a flush
+    commits its own (:func:`.flush.commits.commit_changes`)."""
     build_id = f"collection-{uuid.uuid4().hex}"
-    count = rows.num_rows + 1
-    table = pa.table(
-        {
-            "translog_version": pa.repeat(pa.scalar(translog_version, pa.int64()), count),
-            "statements_version": pa.repeat(pa.scalar(statements_version, pa.int64()), count),
-            "flush_id": pa.repeat(pa.scalar(build_id, pa.string()), count),
-            "change": pa.concat_arrays(
-                [pa.array([feed.VERSION]), rows["change"].combine_chunks().cast(pa.string())]
-            ),
-            **{
-                name: pa.concat_arrays(
-                    [pa.nulls(1, pa.string()), rows[name].combine_chunks().cast(pa.string())]
-                )
-                for name in KEYS
-            },
-        },
-        schema=CHANGES_SCHEMA,
-    )
-    table = table.take(
-        pc.sort_indices(
-            table,
-            sort_keys=[("canonical_id", "ascending", "at_start"), ("id", "ascending", "at_start")],
-        )
-    )
+    table = feed.feed_table(translog_version, statements_version, build_id, rows["change"], rows)
     location = ds.changes_table
     actions = write_table(
         table, location.uri, location.storage_options, CHANGES_SCHEMA, prefix="changes"
     )
-    commit(
-        location,
-        actions,
-        schema=CHANGES_SCHEMA,
-        metadata={
-            "lakehouse.operation": "collection",
-            "dataset": ds.name,
-            "flush_id": build_id,
-            feed.TRANSLOG_VERSION_KEY: translog_version,
-        },
-        fence=fence,
-        read_version=Snapshot.load(location).version,
-    )
+    commit_changes(ds, actions, build_id, fence, translog_version, operation="collection")

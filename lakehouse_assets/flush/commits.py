@@ -181,18 +181,25 @@ def _statement_keys(table: pa.Table) -> pa.ChunkedArray:
     return pc.binary_join_element_wise(table["origin"], table["id"], "\x1f")
 
 
-def _commit_changes(
-    ds: DatasetContext, actions: Sequence[AddAction], flush_id: str, fence: Fence, version: int
+def commit_changes(
+    ds: DatasetContext,
+    actions: Sequence[AddAction],
+    flush_id: str,
+    fence: Fence,
+    version: int,
+    *,
+    operation: str = "flush",
 ) -> None:
     """Commit a batch's change feed files (:mod:`.tables.feed`), saying which
-    translog version they record (a reader checks the feed's commits back to it)."""
+    translog version they record (a reader checks the feed's commits back to it);
+    ``operation``: what wrote them (a flush, a collection's build)."""
     location = ds.changes_table
     commit(
         location,
         actions,
         schema=CHANGES_SCHEMA,
         metadata={
-            "lakehouse.operation": "flush",
+            "lakehouse.operation": operation,
             "dataset": ds.name,
             "flush_id": flush_id,
             feed.TRANSLOG_VERSION_KEY: version,

@@ -12,12 +12,12 @@ from lakehouse_assets import faults, progress
 from lakehouse_assets.flush.commits import (
     FlushResult,
     Reader,
-    _commit_changes,
     _commit_statements,
     _commit_translog,
     _key_table,
     _no_rows,
     _statement_keys,
+    commit_changes,
 )
 from lakehouse_assets.journal import Claim
 from lakehouse_assets.locks import Fence
@@ -370,35 +370,11 @@ def _record_changes_on_driver(
 
     if version == 0:
         return
-    rows = updates.num_rows + 1
-    changes = pa.table(
-        {
-            "translog_version": pa.repeat(pa.scalar(version, pa.int64()), rows),
-            "statements_version": pa.repeat(pa.scalar(published, pa.int64()), rows),
-            "flush_id": pa.repeat(pa.scalar(flush_id, pa.string()), rows),
-            "change": pa.concat_arrays(
-                [
-                    pa.array([feed.VERSION], pa.string()),
-                    pc.if_else(dead, feed.DEAD, feed.LIVE).combine_chunks(),
-                ]
-            ),
-            **{
-                name: pa.concat_arrays(
-                    [pa.nulls(1, pa.string()), updates[name].combine_chunks().cast(pa.string())]
-                )
-                for name in ("origin", "id", "canonical_id")
-            },
-        },
-        schema=CHANGES_SCHEMA,
-    )
-    changes = changes.take(
-        pc.sort_indices(
-            changes,
-            sort_keys=[("canonical_id", "ascending", "at_start"), ("id", "ascending", "at_start")],
-        )
+    changes = feed.feed_table(
+        version, published, flush_id, pc.if_else(dead, feed.DEAD, feed.LIVE), updates
     )
     location = ds.changes_table
     actions = write_table(
         changes, location.uri, location.storage_options, CHANGES_SCHEMA, prefix="changes"
     )
-    _commit_changes(ds, actions, flush_id, fence, version)
+    commit_changes(ds, actions, flush_id, fence, version)

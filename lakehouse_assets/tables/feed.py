@@ -216,6 +216,46 @@ def changes_no_data(location: DeltaLocation, version: int) -> bool:
     return True
 
 
+def feed_table(
+    translog_version: int,
+    statements_version: int | None,
+    flush_id: str,
+    change: pa.Array | pa.ChunkedArray,
+    keys: pa.Table,
+) -> pa.Table:
+    """The feed's rows of one translog version, in its files' order: the
+    ``version`` row, then one row per statement (``change``: live or dead, and
+    its ``origin``, ``id``, ``canonical_id`` in ``keys``), by canonical id."""
+    rows = keys.num_rows + 1
+    table = pa.table(
+        {
+            "translog_version": pa.repeat(pa.scalar(translog_version, pa.int64()), rows),
+            "statements_version": pa.repeat(pa.scalar(statements_version, pa.int64()), rows),
+            "flush_id": pa.repeat(pa.scalar(flush_id, pa.string()), rows),
+            "change": pa.concat_arrays(
+                [pa.array([VERSION], pa.string()), _array(change).cast(pa.string())]
+            ),
+            **{
+                name: pa.concat_arrays(
+                    [pa.nulls(1, pa.string()), _array(keys[name]).cast(pa.string())]
+                )
+                for name in ("origin", "id", "canonical_id")
+            },
+        },
+        schema=CHANGES_SCHEMA,
+    )
+    return table.take(
+        pc.sort_indices(
+            table,
+            sort_keys=[("canonical_id", "ascending", "at_start"), ("id", "ascending", "at_start")],
+        )
+    )
+
+
+def _array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
 def version_row(translog_version: int, statements_version: int | None, flush_id: str) -> pa.Table:
     """The row that says a translog version is covered by the feed."""
     return pa.table(
