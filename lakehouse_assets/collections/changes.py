@@ -4,8 +4,8 @@ A collection has no journal and no flush, so nothing records what a build
 changed, and without a record every export after a rebuild took its full
 pass (every canonical entity re-aggregated and re-serialised, whatever the
 change). The build therefore compares its new rows with the collection's
-live rows before it (``EXCEPT ALL`` both ways, in Spark or DuckDB as the
-build ran, every column: a row
+live rows before it (every column; Spark's ``exceptAll`` both ways, or in
+DuckDB a full join on (origin, id), which both sides hold once: a row
 whose canonical id, rewritten value, statement id or seen range moved is
 one statement dead and one live) and records the difference as a flush
 does (:mod:`lakehouse_assets.tables.feed`): a ``version`` row for the
