@@ -274,6 +274,50 @@ def test_statements_csv_is_resolved(
     assert sorted(map(key, rows)) == sorted(key(s.to_dict()) for s in expected)
 
 
+def export_edges(ds: Dataset) -> set[tuple[str, str, str]]:
+    """(property, source, target) of every entity-typed value of the entities export."""
+    from followthemoney import model
+
+    edges = set()
+    for line in exported(ds, cv.ENTITIES_JSON).splitlines():
+        data = orjson.loads(line)
+        schema = model.get(data["schema"])
+        assert schema is not None
+        for prop, values in data["properties"].items():
+            if schema.properties[prop].type.name == "entity":
+                edges.update((prop, data["id"], v) for v in values)
+    return edges
+
+
+def graph_edges(ds: Dataset) -> set[tuple[str, str, str]]:
+    from lakehouse_assets.graph.lookups import all_edges
+
+    rows = all_edges(ds).select(["prop", "source", "target"]).to_pylist()
+    return {(r["prop"], r["source"], r["target"]) for r in rows}
+
+
+def test_make_indexes_the_merged_graph(built: tuple[Lakehouse, Dataset]) -> None:
+    """``make`` of a collection builds its graph index as a dataset's does: its
+    edges are those of the merged entities (canonical ids at both ends), and
+    ``refs`` of a merged company finds the ownership of one leaf and the
+    directorships of the others pointing at it."""
+    from lakehouse_assets.graph.lookups import refs
+
+    _, coll = built
+    edges = graph_edges(coll)
+    assert edges and edges == export_edges(coll)
+    merged = [orjson.loads(x) for x in exported(coll, cv.ENTITIES_JSON).splitlines()]
+    (acme,) = [e["id"] for e in merged if "a-acme" in e.get("referents", [])]
+    pointing = {
+        (r["prop"], r["other_id"], r["other_schema"]) for r in refs(coll, acme, direction="in")
+    }
+    assert pointing == {
+        ("asset", "a-own", "Ownership"),
+        ("organization", "b-dir", "Directorship"),
+        ("organization", "c-dir", "Directorship"),
+    }
+
+
 def test_index_lists_children_and_statistics(built: tuple[Lakehouse, Dataset]) -> None:
     _, coll = built
     index = json.loads(exported(coll, cv.INDEX))
@@ -309,6 +353,7 @@ def test_judgement_change_rebuilds_byte_identical_to_full(
     assert ours[merged]["datasets"] == ["leaf_a", "leaf_c"]
     versions = coll.versions()
     assert [v.sequence for v in versions][-1] == 2
+    assert graph_edges(coll) == export_edges(coll)  # the index followed the rebuild
     make(coll, force=True)
     for path, data in files.items():
         assert exported(coll, path) == data, path

@@ -237,6 +237,7 @@ def test_collections_build_when_a_leaf_or_a_judgement_changes(
     assert meta["built"] is True and meta["reason"] == "never built"
     assert meta["leaves"] == 2 and meta["statements"] == 8  # id + name of 4 persons
     assert meta["entities"] == 4 and meta["version"] == 1
+    assert meta["graph_mode"] == "rebuild" and meta["graph_edges"] == 0  # persons: no edges
     assert "| leaf_a | 0 |" in meta["leaf_versions"] and "| leaf_b | 0 |" in meta["leaf_versions"]
     for path in (cv.ENTITIES_JSON, cv.STATEMENTS_CSV, cv.INDEX):
         assert coll.store.exists(cv.dataset_path("coll", path)), path

@@ -19,7 +19,7 @@ from lakehouse_assets import conventions as cv
 from lakehouse_assets.collections.build import BuildResult, build
 from lakehouse_assets.collections.judgements import canonical_table
 from lakehouse_assets.collections.leaves import leaves
-from lakehouse_assets.exports import export
+from lakehouse_assets.exports import export, make_graph
 from lakehouse_assets.freshness import ENTITIES, INDEX, STATEMENTS, STATISTICS
 
 if TYPE_CHECKING:
@@ -80,8 +80,11 @@ def stale_reason(ds: DatasetContext) -> str | None:
 
 
 def make(ds: DatasetContext, *, force: bool = False) -> CollectionResult:
-    """Build the collection's tables if due (always with ``force``), then every
-    export that is stale and ``index.json`` with its published version."""
+    """Build the collection's tables if due (always with ``force``), bring its
+    graph index up to date (as a dataset's ``make`` does: ``refs`` and
+    ``neighbours`` answer for the merged entities, and the version records the
+    index current), then every export that is stale and ``index.json`` with its
+    published version."""
     reason = "forced" if force else stale_reason(ds)
     built = None
     if reason is not None:
@@ -90,5 +93,8 @@ def make(ds: DatasetContext, *, force: bool = False) -> CollectionResult:
         ds.store.write_text(
             cv.dataset_path(ds.name, cv.COLLECTION_BUILT_FROM), json.dumps(now, sort_keys=True)
         )
+    # the collection's journal takes no writes: the step's flush finds nothing
+    _, graph = make_graph(ds)
     exported = export(ds, [STATEMENTS, ENTITIES, STATISTICS, INDEX], force=force)
+    exported.graph = graph
     return CollectionResult(built, reason, exported)

@@ -217,6 +217,13 @@ def collection_metadata(ds: Dataset, result: CollectionResult) -> dict[str, Any]
     if built is not None:
         meta["merged_ids"] = built.merged_ids
         meta["build_seconds"] = round(built.seconds, 3)
+    graph = result.exported.graph or {}
+    if "mode" in graph:  # the graph index make brought up to date (else why not)
+        meta["graph_mode"] = graph["mode"]
+        if isinstance(graph.get("edges"), int):
+            meta["graph_edges"] = graph["edges"]
+    elif "skipped" in graph:
+        meta["graph_skipped"] = graph["skipped"]
     table = table_summary(ds.statements_table)  # what it holds, built now or before
     meta["statements"] = table.rows
     meta["dagster/row_count"] = meta["dagster/partition_row_count"] = table.rows
