@@ -69,8 +69,8 @@ ui: install java
 # the suite with Spark Connect (a server per test worker), then the data-plane
 # group (flush, exports, compact, optimize, mappings, checks, snapshots: tests
 # marked spark_modes) again with an in-process Spark (one process cannot mix
-# the two), then on a local standalone cluster (a master and 2 workers per
-# test worker, the executors without this package; local lakes on SQLite
+# the two), then on a local standalone cluster (a master and 2 workers the
+# test workers share, the executors without this package; local lakes on SQLite
 # journals, S3 lakes on PostgreSQL ones) with the cluster tests
 test: install java yente sharing-client
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH dg check defs

@@ -351,7 +351,7 @@ def sample_entities() -> list[dict[str, object]]:
 #: working folder, used by the tests and by every child process they start
 #: (LAKEHOUSE_SPARK_REMOTE); "inprocess" — a local[*] JVM in the test process.
 #: "cluster" — an in-process driver on a standalone cluster (a master and two
-#: workers on 127.0.0.1, per test worker) whose executors run a Python with the
+#: workers on 127.0.0.1, one the test workers share) whose executors run a Python with the
 #: lakehouse's dependencies but not the lakehouse (the session ships it), lakes
 #: on PostgreSQL journals.
 #: pyspark cannot mix the two in one process: ``make test`` runs the suite in
@@ -378,26 +378,80 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     connect.stop(settings, port)
 
 
+#: The test workers' one cluster: each session on it takes ``spark_cores_max``
+#: (2) cores, so its workers offer enough for both test workers' sessions and a
+#: child's at a time each (the CLI's, a Connect server's); cores here are slots,
+#: not the machine's two
+SHARED_WORKER_CORES = 4
+SHARED_WORKER_MEMORY = "2g"
+
+
+def _shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder every test worker of this run shares (the controller's base)."""
+    return tmp_path_factory.getbasetemp().parent
+
+
+def _cluster_settings(root: Path) -> Settings:
+    return Settings(
+        cache_dir=str(root / "shared-cluster"),
+        spark_cluster_worker_cores=SHARED_WORKER_CORES,
+        spark_cluster_worker_memory=SHARED_WORKER_MEMORY,
+        **TEST_SPARK,
+    )
+
+
 @pytest.fixture(scope="session")
-def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
-    """A real standalone cluster (master + 2 workers on 127.0.0.1), stopped by its
-    PIDs; the settings of a session on it (master, executors' Python, secret)."""
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterator[Settings]:
+    """A real standalone cluster (master + 2 workers on 127.0.0.1); the settings
+    of a session on it (master, executors' Python, secret).
+
+    Under xdist the test workers share one, started by the first to ask (a file
+    lock in the run's shared folder) and stopped by the controller when the run
+    ends (:func:`pytest_sessionfinish`): a cluster's start is the first minute of
+    each worker's pass, and two clusters' six JVMs starting at once on two
+    cores took longer than one's three. Alone (no xdist), the fixture starts and
+    stops its own."""
+    import fcntl
+    import json
+
     from lakehouse_assets.spark import cluster
     from lakehouse_assets_tests.helpers.cluster import executor_python
 
-    python = executor_python(tmp_path_factory.mktemp("executor-python"))
-    settings = Settings(
-        cache_dir=str(tmp_path_factory.mktemp("cluster")),
-        spark_cluster_port=free_port(),
-        spark_executor_python=str(python),
-        **TEST_SPARK,
-    )
-    info = cluster.start(settings)
+    alone = worker_id == "master"
+    root = tmp_path_factory.mktemp("cluster") if alone else _shared_root(tmp_path_factory)
+    with open(root / "shared-cluster.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        python = executor_python(root / "executor-python")
+        settings = _cluster_settings(root).model_copy(update={"spark_executor_python": str(python)})
+        port_file = root / "shared-cluster.port"
+        if port_file.exists():
+            settings = settings.model_copy(
+                update={"spark_cluster_port": json.loads(port_file.read_text())}
+            )
+        else:
+            settings = settings.model_copy(update={"spark_cluster_port": free_port()})
+            port_file.write_text(json.dumps(settings.spark_cluster_port))
+        info = cluster.start(settings)  # finds it running when another worker started it
     assert info.running
     yield settings.model_copy(
         update={"spark_master": info.master_url, "spark_config": cluster.client_conf(settings)}
     )
-    cluster.stop(settings)
+    if alone:
+        cluster.stop(settings)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The controller stops the test workers' shared cluster (:func:`spark_cluster`)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    root = factory.getbasetemp()
+    if (root / "shared-cluster.port").exists():
+        from lakehouse_assets.spark import cluster
+
+        cluster.stop(_cluster_settings(root))
 
 
 @pytest.fixture(scope="session")
