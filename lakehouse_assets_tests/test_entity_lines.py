@@ -22,7 +22,7 @@ from lakehouse_assets.export_state import SPARK_INDEX_COLUMNS
 from lakehouse_assets.incremental import _changed_rows_spark
 from lakehouse_assets.lake import Lakehouse
 from lakehouse_assets.query import LIVE_SCHEMA
-from lakehouse_assets_tests.conftest import examples
+from lakehouse_assets_tests.conftest import SPARK_MODE, examples
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -123,7 +123,12 @@ def test_json_strings_are_escaped_as_spark_writes_them(spark: SparkSession) -> N
     assert json.loads(spark_line)["v"] == text
 
 
-@settings(max_examples=examples(15, 150), deadline=None)
+#: each example is a few Spark jobs: on the cluster (executors a round trip away,
+#: the same SQL as in process) fewer of them, 15 in the main pass
+LINE_EXAMPLES = examples(5 if SPARK_MODE == "cluster" else 15, 150)
+
+
+@settings(max_examples=LINE_EXAMPLES, deadline=None)
 @given(
     drawn=st.lists(statement, min_size=1, max_size=16),
     copies=st.lists(st.integers(0, 13), max_size=4),

@@ -146,6 +146,10 @@ def test_a_schema_filter_reads_only_the_entities_that_can_match(
     # chunk can miss an entity's other statements), then the merged entity's two
     # schemata and all together in one chunk
     singles = [[n] for n in sorted(names)]
+    if lake.store.uri.startswith("s3:"):
+        # every chunk a round of ranged reads of the S3 server (70 s for them all):
+        # there the merged entity's two schemata, the chunking itself on a folder
+        singles = [["Company"], ["LegalEntity"]]
     for chunk_bytes, cases in (
         (1, [*singles, sorted(names)]),
         (32 * 1024 * 1024, [["Company"], ["LegalEntity"], sorted(names)]),
