@@ -279,11 +279,14 @@ def report(root: Path, args: argparse.Namespace) -> None:
         f"entities: ours {entities.get('ours'):,}, nomenklatura {entities.get('nomenklatura'):,}"
         + ("" if entities.get("ours") == entities.get("nomenklatura") else "  DIFFERENT")
     )
-    for done in figures["change"][-1:]:
-        phases = [
-            x for x in done.stderr.read_text().splitlines() if "collection" in x or "export" in x
-        ]
-        print("last change's steps:\n  " + "\n  ".join(phases[-12:]))
+    for label, runs in (("full build", figures["ours"]), ("change", figures["change"])):
+        for done in runs[-1:]:
+            phases = [
+                x
+                for x in done.stderr.read_text().splitlines()
+                if "collection" in x or "export" in x or "graph" in x or "done in" in x
+            ]
+            print(f"last {label}'s steps:\n  " + "\n  ".join(phases[-14:]))
     for done in figures["nomenklatura"][-1:]:
         print("nomenklatura's phases: " + done.stdout.read_text().strip())
 

@@ -275,7 +275,15 @@ def make(ds: DatasetContext, force: bool = False) -> ExportResult:
     result.graph = updated
     if result.flushed is None and flushed is not None:
         result.flushed = flushed.as_dict()
-    # the whole of make (the graph index included), not the export pass alone
+    return made(ds, result, clock, parts)
+
+
+def made(
+    ds: DatasetContext, result: ExportResult, clock: float, parts: progress.Parts
+) -> ExportResult:
+    """``make``'s result over the whole of it since ``clock`` (the graph index and,
+    for a collection, its build included, not the export pass alone), with where
+    the time went (``parts``) on its closing progress line."""
     result.seconds = time.monotonic() - clock
     result.parts = parts.rounded()
     version = (result.written.get(INDEX) or {}).get("version") or {}

@@ -345,6 +345,9 @@ def test_judgement_change_rebuilds_byte_identical_to_full(
     assert stale_reason(coll) == "the judgements changed"
     result = make(coll)
     assert result.built is not None and result.exported.written
+    # where the whole make's time went: the build and the graph index among them
+    assert {"collection", "graph", "exports"} <= set(result.exported.parts)
+    assert sum(result.exported.parts.values()) <= result.exported.seconds
     files = {
         p: exported(coll, p) for p in (cv.STATEMENTS_CSV, cv.ENTITIES_JSON, cv.STATISTICS_JSON)
     }

@@ -12,14 +12,16 @@ is seen by the next ``make``.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lakehouse_assets import conventions as cv
+from lakehouse_assets import progress
 from lakehouse_assets.collections.build import BuildResult, build
 from lakehouse_assets.collections.judgements import canonical_table
 from lakehouse_assets.collections.leaves import leaves
-from lakehouse_assets.exports import export, make_graph
+from lakehouse_assets.exports import export, made, make_graph
 from lakehouse_assets.freshness import ENTITIES, INDEX, STATEMENTS, STATISTICS
 
 if TYPE_CHECKING:
@@ -85,16 +87,19 @@ def make(ds: DatasetContext, *, force: bool = False) -> CollectionResult:
     ``neighbours`` answer for the merged entities, and the version records the
     index current), then every export that is stale and ``index.json`` with its
     published version."""
-    reason = "forced" if force else stale_reason(ds)
-    built = None
-    if reason is not None:
-        now = sources(ds)
-        built = build(ds)
-        ds.store.write_text(
-            cv.dataset_path(ds.name, cv.COLLECTION_BUILT_FROM), json.dumps(now, sort_keys=True)
-        )
-    # the collection's journal takes no writes: the step's flush finds nothing
-    _, graph = make_graph(ds)
-    exported = export(ds, [STATEMENTS, ENTITIES, STATISTICS, INDEX], force=force)
+    clock = time.monotonic()
+    with progress.collect() as parts:
+        reason = "forced" if force else stale_reason(ds)
+        built = None
+        if reason is not None:
+            now = sources(ds)
+            built = build(ds)
+            ds.store.write_text(
+                cv.dataset_path(ds.name, cv.COLLECTION_BUILT_FROM), json.dumps(now, sort_keys=True)
+            )
+        # the collection's journal takes no writes: the step's flush finds nothing
+        _, graph = make_graph(ds)
+        exported = export(ds, [STATEMENTS, ENTITIES, STATISTICS, INDEX], force=force)
     exported.graph = graph
+    made(ds, exported, clock, parts)
     return CollectionResult(built, reason, exported)
