@@ -177,18 +177,20 @@ def publish(
                 with diff_file.open("wb") as fh:
                     sink = _Digest(fh)
                     if same_entities:
-                        counts = {"ADD": 0, "MOD": 0, "DEL": 0}
+                        source, counts = "none (the same entities)", {"ADD": 0, "MOD": 0, "DEL": 0}
                     elif old is None and entities_fresh:  # every entity is new: the export
-                        counts = diff_from_export(ds, sink)
+                        source, counts = "the export", diff_from_export(ds, sink)
                     elif (
                         old is not None
                         and changed_lines is not None
                         and tuple(changed_lines.until) == tuple(snapshot.versions)
                         and _same_content(ds, changed_lines.since, old)
                     ):
+                        source = "the incremental export's lines"
                         counts = diff_from_lines(changed_lines, sink)
                     else:
-                        counts = render_diff(ds, old, snapshot, sink)
+                        source, counts = "the tables", render_diff(ds, old, snapshot, sink)
+                    log.info("%s: the version's diff made from %s", ds.name, source)
                 manifest["diff"] = {
                     "path": diff_path(ds.name, manifest["snapshot_id"]).split("/", 1)[1],
                     "size": sink.size,
