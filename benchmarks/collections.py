@@ -216,6 +216,9 @@ def report(root: Path, args: argparse.Namespace) -> None:
                     f"resolver-{round_no}", [*cli, "-d", COLLECTION, "resolver", "load", str(dump)]
                 )
                 made = step(f"ours-{round_no}", [*cli, "-v", "-d", COLLECTION, "make", "--force"])
+                print(
+                    f"round {round_no}: resolver load {loaded.seconds:.1f} s, make {made.seconds:.1f} s"
+                )
                 made.seconds += loaded.seconds
                 made.peak_rss = max(made.peak_rss, loaded.peak_rss)
                 figures["ours"].append(made)
