@@ -157,7 +157,7 @@ def test_exactly_one_of_many_concurrent_commits_wins(
 ) -> None:
     """**Property 6 (Mini Lakehouse): concurrent commit exclusion.**"""
 
-    @run_settings(where, ci=(100, 20), thorough=(300, 50))
+    @run_settings(where, ci=(100, 10), thorough=(300, 50))
     @given(
         writers=st.integers(2, 8),
         replace=st.lists(st.booleans(), min_size=8, max_size=8),
@@ -202,7 +202,7 @@ def test_exactly_one_of_many_concurrent_commits_wins(
 def test_a_retried_commit_is_applied_once(workers: Any, where: tuple[str, dict[str, str]]) -> None:
     """**Property 10 (Mini Lakehouse): commit idempotency.**"""
 
-    @run_settings(where, ci=(100, 20), thorough=(300, 50))
+    @run_settings(where, ci=(100, 10), thorough=(300, 50))
     @given(retries=st.integers(1, 6), concurrent=st.booleans(), app_version=st.integers(1, 9))
     def prop(retries: int, concurrent: bool, app_version: int) -> None:
         location = new_table(where)
@@ -249,7 +249,7 @@ operation = st.one_of(
 def test_a_reader_pinned_to_a_version_reads_the_same(where: tuple[str, dict[str, str]]) -> None:
     """**Property 8 (Mini Lakehouse): snapshot isolation.**"""
 
-    @run_settings(where, ci=(100, 20), thorough=(300, 50))
+    @run_settings(where, ci=(100, 10), thorough=(300, 50))
     @given(
         before=st.lists(operation, max_size=4), after=st.lists(operation, min_size=1, max_size=6)
     )
