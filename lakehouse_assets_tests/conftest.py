@@ -17,9 +17,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import sqlalchemy as sa
@@ -92,12 +92,29 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _restore_signals() -> None:
-    # A server started from a non-interactive shell may inherit ignored
-    # SIGINT/SIGTERM; give it default handling so it can be stopped.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.setsid()
+#: ``python -I -c``: default SIGINT/SIGTERM handling, then exec the command in
+#: place (same pid). A server started from a non-interactive shell may inherit
+#: them ignored, and ignored signals survive ``exec``.
+_LAUNCH = (
+    "import os, signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])\n"
+)
+
+
+def spawn(args: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
+    """Start ``args`` in a session (and process group) of its own, stoppable by
+    :func:`stop_process`, with default SIGINT/SIGTERM handling.
+
+    Not ``preexec_fn``: Python code between ``fork`` and ``exec`` can deadlock
+    in a process with threads (the test process runs gRPC's poller threads
+    once a Spark Connect session exists), and once did, a server child that
+    never reached ``exec``. ``start_new_session`` is done in C, and the signals
+    are reset by a small launcher after ``exec``.
+    """
+    command = [sys.executable, "-I", "-c", _LAUNCH, *args]
+    return subprocess.Popen(command, start_new_session=True, **popen)
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
@@ -136,11 +153,10 @@ def s3_endpoint() -> Iterator[str]:
     if exe is None:
         pytest.fail("moto_server not installed: pip install 'moto[server]'")
     port = free_port()
-    proc = subprocess.Popen(
+    proc = spawn(
         [exe, "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        preexec_fn=_restore_signals,
     )
     endpoint = f"http://127.0.0.1:{port}"
     # generous: on a fresh checkout two workers import moto (and compile its

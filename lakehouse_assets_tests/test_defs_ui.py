@@ -30,7 +30,7 @@ import requests
 
 from lakehouse_assets import conventions as cv
 from lakehouse_assets.lake import Lakehouse
-from lakehouse_assets_tests.conftest import REPO, free_port, sample_entities, stop_process
+from lakehouse_assets_tests.conftest import REPO, free_port, sample_entities, spawn, stop_process
 from lakehouse_assets_tests.helpers.defs import KEYS
 
 DATASET = "ui_e2e"
@@ -132,13 +132,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     env["UI_PORT"] = str(port)
     log = root / "dagster.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(
+        proc = spawn(
             ["sh", str(REPO / "lakehouse_assets" / "sample" / "ui.sh")],
             cwd=REPO,
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
-            preexec_fn=_restore_signals,
         )
     srv = Server(f"http://127.0.0.1:{port}", lake, home, log, proc, root / "cache")
     try:
@@ -148,12 +147,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         stop_process(proc, timeout=90)
         ARTIFACTS.mkdir(exist_ok=True)
         shutil.copy(log, ARTIFACTS / "dagster-dev.log")
-
-
-def _restore_signals() -> None:
-    from lakehouse_assets_tests.conftest import _restore_signals as restore
-
-    restore()
 
 
 def _up(url: str) -> bool:
@@ -276,11 +269,10 @@ NEEDS_BROWSER = pytest.mark.skipif(
 def browser(server: Server) -> Iterator[WebDriver]:
     """A headless Chromium through its own chromedriver, both stopped after the test."""
     port = free_port()
-    driver_proc = subprocess.Popen(
+    driver_proc = spawn(
         [str(CHROMEDRIVER), f"--port={port}"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        preexec_fn=_restore_signals,
     )
     try:
         wait_for("chromedriver", lambda: _up_driver(port), server, 30)

@@ -21,7 +21,7 @@ import httpx
 
 from lakehouse_assets import Lakehouse, Settings
 from lakehouse_assets.tokens import issue_token
-from lakehouse_assets_tests.conftest import _restore_signals, free_port, stop_process
+from lakehouse_assets_tests.conftest import free_port, spawn, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "test-secret-" + "s" * 40
@@ -94,9 +94,7 @@ def running_server(
         str(workers),
     ]
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            args, env=environ, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_restore_signals
-        )
+        proc = spawn(args, env=environ, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -106,8 +104,16 @@ def running_server(
                     break
             except httpx.HTTPError:
                 pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not start: {log.read_text()[-3000:]}")
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"the server exited with code {proc.returncode} before answering /health: "
+                    f"{log.read_text()[-3000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the server (pid {proc.pid}) did not answer /health within 60 s: "
+                    f"{log.read_text()[-3000:]}"
+                )
             time.sleep(0.1)
         yield Server(url, lake, state_dir, log, proc)
     finally:
