@@ -109,9 +109,10 @@ def spawn(args: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
 
     Not ``preexec_fn``: Python code between ``fork`` and ``exec`` can deadlock
     in a process with threads (the test process runs gRPC's poller threads
-    once a Spark Connect session exists), and once did, a server child that
-    never reached ``exec``. ``start_new_session`` is done in C, and the signals
-    are reset by a small launcher after ``exec``.
+    once a Spark Connect session exists): the likely cause of a server child
+    that once never answered, its log holding only a gRPC poller error from
+    the forked test process. ``start_new_session`` is done in C, and the
+    signals are reset by a small launcher after ``exec``.
     """
     command = [sys.executable, "-I", "-c", _LAUNCH, *args]
     return subprocess.Popen(command, start_new_session=True, **popen)
