@@ -1,7 +1,7 @@
 """Shared fixtures: a temp lake (local folder or loopback S3), journals, servers.
 
-The S3 server is a real ``moto_server`` process on 127.0.0.1 (random free
-port), started once per test session and stopped by its own PID. PostgreSQL
+The S3 server is a real moto server process on 127.0.0.1 (random free
+port, conditional writes atomic), started once per test session and stopped by its own PID. PostgreSQL
 tests use the server on 127.0.0.1:5432 when it answers and are skipped with
 a visible reason when it does not.
 """
@@ -9,8 +9,8 @@ a visible reason when it does not.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -147,15 +147,15 @@ def source_roots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    """A real S3-compatible server (moto) on 127.0.0.1."""
-    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which(
-        "moto_server"
-    )
-    if exe is None:
-        pytest.fail("moto_server not installed: pip install 'moto[server]'")
+    """A real S3-compatible server (moto, its conditional writes atomic as S3's: see
+    :mod:`~lakehouse_assets_tests.helpers.moto_atomic`) on 127.0.0.1."""
+    from lakehouse_assets_tests.helpers.moto_atomic import command
+
+    if importlib.util.find_spec("moto.server") is None:
+        pytest.fail("moto's server not installed: pip install 'moto[server]'")
     port = free_port()
     proc = spawn(
-        [exe, "-H", "127.0.0.1", "-p", str(port)],
+        command("127.0.0.1", port),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
