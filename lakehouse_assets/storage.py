@@ -388,7 +388,11 @@ PRECONDITION_FAILED = ("PreconditionFailed", "ConditionalRequestConflict", "412"
 
 
 def s3_client(settings: Settings) -> Any:
-    """A boto3 S3 client configured from settings (endpoint, keys, region)."""
+    """A boto3 S3 client configured from settings (endpoint, keys, region).
+
+    Signature V4 for presigned URLs too (botocore presigns with V2 unless told):
+    AWS retires V2, and delta-kernel (Delta Sharing's delta format) knows a
+    presigned URL by its ``X-Amz-Signature``."""
     try:
         import boto3
         from botocore.config import Config
@@ -402,7 +406,7 @@ def s3_client(settings: Settings) -> Any:
         aws_access_key_id=settings.s3_access_key_id,
         aws_secret_access_key=settings.s3_secret_access_key,
         region_name=settings.s3_region,
-        config=Config(retries={"max_attempts": 5, "mode": "standard"}),
+        config=Config(retries={"max_attempts": 5, "mode": "standard"}, signature_version="s3v4"),
     )
 
 
