@@ -100,17 +100,27 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
         yield Shared(server, lake, base, between)
 
 
-def test_the_connector_reads_every_table_as_delta_rs_does(shared: Shared) -> None:
+@pytest.mark.parametrize("delta", [None, False], ids=["format_chosen", "parquet_format"])
+def test_the_connector_reads_every_table_as_delta_rs_does(
+    shared: Shared, delta: bool | None
+) -> None:
     """list_all_tables, then load_as_pandas of each table at the head, at version 0
-    and at a timestamp, each equal to delta-rs's read (rows and types)."""
+    and at a timestamp, each equal to delta-rs's read (rows and types): with the
+    format the connector and the server agree on (delta, read by delta-kernel)
+    and with the parquet format (the connector's file-by-file read)."""
     names = [f"lake.{d}.{t}" for d in ("alpha", "beta") for t in shared.tables(d)]
     assert len(names) >= 4  # beta's first flush has no change feed yet
     ops: list[dict[str, Any]] = [{"op": "list_all_tables"}]
-    ops += [{"op": "load", "table": n} for n in names]
-    ops += [{"op": "load", "table": f"lake.alpha.{t}", "version": 0} for t in TABLES]
-    ops += [{"op": "load", "table": f"lake.alpha.{t}", "timestamp": shared.between} for t in TABLES]
+    ops += [{"op": "load", "table": n, "delta": delta} for n in names]
+    ops += [
+        {"op": "load", "table": f"lake.alpha.{t}", "version": 0, "delta": delta} for t in TABLES
+    ]
+    ops += [
+        {"op": "load", "table": f"lake.alpha.{t}", "timestamp": shared.between, "delta": delta}
+        for t in TABLES
+    ]
     ops += [{"op": "version", "table": "lake.alpha.statements"}]
-    results = connector(shared.profile(), ops, shared.base / "all")
+    results = connector(shared.profile(), ops, shared.base / f"all-{delta}")
     assert all(r["ok"] for r in results), [r.get("error") for r in results]
     assert sorted(results[0]["tables"]) == sorted(names)
     heads = results[1 : 1 + len(names)]
@@ -125,6 +135,69 @@ def test_the_connector_reads_every_table_as_delta_rs_does(shared: Shared) -> Non
         assert_same_frame(timed["frame"], want)
         assert len(zero["frame"]) < len(heads[TABLES.index(table)]["frame"])
     assert results[-1]["version"] == shared.table("alpha", "statements").version()
+
+
+def test_the_answer_is_in_the_format_the_client_offers(shared: Shared) -> None:
+    """``delta-sharing-capabilities``: delta offered (alone or beside parquet), a delta
+    answer (the table's own protocol, metadata and add actions, their paths the
+    signed URLs); nothing or parquet offered, parquet; neither, 400; the changes,
+    parquet only."""
+    token = json.loads(shared.profile(("alpha",)).read_text())["bearerToken"]
+    base = "/delta-sharing/shares/lake/schemas/alpha/tables/statements"
+    table = shared.table("alpha", "statements")
+    header = "delta-sharing-capabilities"
+    with shared.server.client(token) as c:
+        for offered in ("responseformat=delta", "responseformat=delta,parquet;readerfeatures=x"):
+            res = c.post(f"{base}/query", headers={header: offered})
+            assert res.status_code == 200 and res.headers[header] == "responseformat=delta"
+            lines = [json.loads(x) for x in res.text.splitlines()]
+            protocol = table.protocol()
+            assert lines[0] == {
+                "protocol": {
+                    "deltaProtocol": {
+                        "minReaderVersion": protocol.min_reader_version,
+                        "minWriterVersion": protocol.min_writer_version,
+                    }
+                }
+            }
+            meta = lines[1]["metaData"]
+            assert meta["version"] == table.version()
+            assert meta["deltaMetadata"]["id"] == table.metadata().id
+            assert json.loads(meta["deltaMetadata"]["schemaString"]) == json.loads(
+                table.schema().to_json()
+            )
+            adds = [line["file"]["deltaSingleAction"]["add"] for line in lines[2:]]
+            assert len(adds) == len(table.file_uris())
+            assert sorted(a["size"] for a in adds) == sorted(add_sizes(table))
+            assert all(
+                a["path"].startswith("http://127.0.0.1") and "sp=r&" in a["path"] for a in adds
+            )
+            assert c.get(adds[0]["path"]).content[:4] == b"PAR1"
+            meta_res = c.get(f"{base}/metadata", headers={header: offered})
+            assert meta_res.headers[header] == "responseformat=delta"
+            assert [json.loads(x) for x in meta_res.text.splitlines()] == lines[:2]
+        for parquet in ({}, {header: "responseformat=parquet"}):
+            res = c.post(f"{base}/query", headers=parquet)
+            assert res.headers[header] == "responseformat=parquet"
+            assert '"deltaSingleAction"' not in res.text and '"url"' in res.text
+        res = c.post(f"{base}/query", headers={header: "responseformat=arrow"})
+        assert res.status_code == 400 and "arrow" in res.json()["message"]
+        changes = "/delta-sharing/shares/lake/schemas/alpha/tables/changes/changes"
+        res = c.get(
+            changes, params={"startingVersion": 0}, headers={header: "responseformat=delta"}
+        )
+        assert res.status_code == 400 and "parquet response format only" in res.json()["message"]
+        res = c.get(
+            changes, params={"startingVersion": 0}, headers={header: "responseformat=delta,parquet"}
+        )
+        assert res.status_code == 200 and res.headers[header] == "responseformat=parquet"
+
+
+def add_sizes(table: DeltaTable) -> list[int]:
+    """The sizes of the table's files, from its own add actions."""
+    from lakehouse_assets.tables.delta import add_actions_table
+
+    return [int(s) for s in add_actions_table(table).column("size_bytes").to_pylist()]
 
 
 def test_changes_where_served_and_refused_where_not(shared: Shared) -> None:
@@ -300,7 +373,8 @@ def test_forged_expired_revoked_tokens_and_tampered_urls_are_refused(shared: Sha
 
 def _granted(file: dict[str, Any]) -> str:
     """The table file's path a local file URL grants (the grant's third field)."""
-    grant = file["url"].partition("?g=")[2].partition("&")[0]
+    query = dict(p.split("=", 1) for p in file["url"].partition("?")[2].split("&"))
+    grant = query["g"]
     return str(json.loads(base64.urlsafe_b64decode(grant + "=" * (-len(grant) % 4)))[2])
 
 
@@ -372,6 +446,7 @@ def test_the_connector_reads_an_s3_lake_through_presigned_urls(
         ops.append({"op": "load", "table": "lake.alpha.statements", "version": 0})
         ops.append({"op": "load", "table": "lake.alpha.statements", "timestamp": between})
         ops.append({"op": "changes", "table": "lake.alpha.changes", "starting_version": 0})
+        ops.append({"op": "load", "table": "lake.alpha.statements", "delta": False})
         results = connector(s.profile(("alpha",)), ops, tmp_path / "out")
         assert all(r["ok"] for r in results), [r.get("error") for r in results]
         for table, result in zip(TABLES, results, strict=False):
@@ -380,10 +455,12 @@ def test_the_connector_reads_an_s3_lake_through_presigned_urls(
         assert_same_frame(results[3]["frame"], old)
         assert_same_frame(results[4]["frame"], old)
         assert len(results[5]["frame"]) == len(s.table("alpha", "changes").to_pandas())
+        # the loads above in the format the two agreed on (delta), this one in parquet
+        assert_same_frame(results[6]["frame"], s.table("alpha", "statements").to_pandas())
         # the URLs are the S3 server's, presigned: no lake credentials travel
         token = json.loads(s.profile(("alpha",)).read_text())["bearerToken"]
         with server.client(token) as c:
             res = c.post("/delta-sharing/shares/lake/schemas/alpha/tables/statements/query")
             urls = [json.loads(x)["file"]["url"] for x in res.text.splitlines() if '"file"' in x]
         assert urls and all(u.startswith(str(s3_settings.s3_endpoint_url)) for u in urls)
-        assert all("X-Amz-Signature" in u or "Signature=" in u for u in urls)
+        assert all("X-Amz-Signature=" in u for u in urls)  # V4: delta-kernel knows it

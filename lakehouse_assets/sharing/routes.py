@@ -10,9 +10,15 @@ metadata, ``POST .../query`` (``version`` or ``timestamp``; ``limitHint`` is
 applied best effort from the files' row counts, ``predicateHints`` and
 ``jsonPredicateHints`` are accepted and ignored, as the protocol lets a
 server do) and ``GET .../changes`` where :func:`.tables.changes` can tell the
-changes honestly. Only ``responseformat=parquet`` is spoken: the answer says
-so in ``delta-sharing-capabilities``, and the connector then reads the files
-itself.
+changes honestly.
+
+**Response formats.** A snapshot (``metadata``, ``query``) is answered in the
+``delta`` format when the client's ``delta-sharing-capabilities`` offers it,
+else in ``parquet``; the answer's header names the one chosen. The Python
+connector offers both when left to choose, and with ``delta`` reads the files
+through delta-kernel (a fake log of the answer's ``add`` actions, one Arrow
+table converted once, on every core) instead of file by file. The change feed
+is served in ``parquet`` only: a client that offers nothing else is told so.
 
 The recipient is checked on every route before any name is looked up: a
 schema outside the token's datasets is 403 whether it exists or not; inside
@@ -62,6 +68,9 @@ NDJSON: Final = "application/x-ndjson; charset=utf-8"
 PARQUET: Final = "application/vnd.apache.parquet"
 VERSION_HEADER: Final = "Delta-Table-Version"
 CAPABILITIES_HEADER: Final = "delta-sharing-capabilities"
+#: The protocol's two response formats (``responseformat=`` of the capabilities header).
+DELTA: Final = "delta"
+PARQUET_FORMAT: Final = "parquet"
 #: The page size when the client names none, and the largest one it may ask for.
 PAGE: Final = 500
 MAX_PAGE: Final = 1000
@@ -247,10 +256,43 @@ def list_all_tables(
 # --- a table ----------------------------------------------------------------------
 
 
-def _ndjson(lines: Iterable[dict[str, Any]], version: int) -> Response:
+def _offered_formats(request: Request) -> set[str]:
+    """The response formats the client's capabilities header offers (parquet when silent)."""
+    for part in request.headers.get(CAPABILITIES_HEADER, "").split(";"):
+        key, _, value = part.partition("=")
+        if key.strip().lower() == "responseformat":
+            offered = {v.strip().lower() for v in value.split(",") if v.strip()}
+            return offered or {PARQUET_FORMAT}
+    return {PARQUET_FORMAT}
+
+
+def response_format(request: Request) -> str:
+    """``delta`` when the client offers it, else ``parquet`` (see the module's docstring)."""
+    offered = _offered_formats(request)
+    if DELTA in offered:
+        return DELTA
+    if PARQUET_FORMAT in offered:
+        return PARQUET_FORMAT
+    raise SharingError(
+        400,
+        "INVALID_PARAMETER_VALUE",
+        f"responseformat {','.join(sorted(offered))} is not served: ask for delta or parquet",
+    )
+
+
+def _ndjson(
+    lines: Iterable[dict[str, Any]], version: int, response: str = PARQUET_FORMAT
+) -> Response:
     body = b"".join(json.dumps(line, separators=(",", ":")).encode() + b"\n" for line in lines)
-    headers = {VERSION_HEADER: str(version), CAPABILITIES_HEADER: "responseformat=parquet"}
+    headers = {VERSION_HEADER: str(version), CAPABILITIES_HEADER: f"responseformat={response}"}
     return Response(body, media_type=NDJSON, headers=headers)
+
+
+def _head_lines(dt: DeltaTable, response: str, *, with_version: bool) -> list[dict[str, Any]]:
+    """The protocol and metadata lines of an answer in ``response`` format."""
+    if response == DELTA:
+        return [tables.delta_protocol_line(dt), tables.delta_metadata_line(dt)]
+    return [tables.PROTOCOL_LINE, tables.metadata_line(dt, with_version=with_version)]
 
 
 @router.api_route("/shares/{share}/schemas/{schema}/tables/{table}/version", methods=["GET"])
@@ -283,8 +325,9 @@ def table_version_head(who: Who, request: Request, share: str, schema: str, tabl
 def table_metadata(who: Who, request: Request, share: str, schema: str, table: str) -> Response:
     """The protocol and metadata lines of the table's head."""
     ds = _dataset(_sharing(request), who, share, schema)
+    response = response_format(request)
     dt = tables.open_table(ds, table.lower())
-    return _ndjson([tables.PROTOCOL_LINE, tables.metadata_line(dt)], dt.version())
+    return _ndjson(_head_lines(dt, response, with_version=False), dt.version(), response)
 
 
 class QueryBody(BaseModel):
@@ -333,6 +376,23 @@ def _file_line(
         out["version"] = file.version
         out["timestamp"] = file.timestamp
     return {key: out}
+
+
+def _delta_file_line(line: dict[str, Any], file: tables.TableFile) -> dict[str, Any]:
+    """A parquet-format ``file`` line as the delta format's: the table's own ``add``
+    action, its path the signed URL."""
+    parquet = line["file"]
+    add: dict[str, Any] = {
+        "path": parquet["url"],
+        "partitionValues": file.partition_values,
+        "size": file.size,
+        "modificationTime": file.modified,
+        "dataChange": True,
+    }
+    if file.stats is not None:
+        add["stats"] = file.stats
+    out = {"id": parquet["id"], "expirationTimestamp": parquet["expirationTimestamp"]}
+    return {"file": {**out, "deltaSingleAction": {"add": add}}}
 
 
 def _limited(files: list[tables.TableFile], limit: int | None) -> list[tables.TableFile]:
@@ -389,21 +449,21 @@ def _query(
             "INVALID_PARAMETER_VALUE",
             "startingVersion (streaming) is not served: read the changes route",
         )
+    response = response_format(request)
     travel = body.version is not None or body.timestamp is not None
     dt = tables.open_table(ds, name, version=body.version, timestamp=body.timestamp)
     files = _limited(tables.snapshot_files(dt), body.limitHint)
-    when = _commit_ms(dt) if travel else None
-    lines: list[dict[str, Any]] = [
-        tables.PROTOCOL_LINE,
-        tables.metadata_line(dt, with_version=travel),
-    ]
+    when = _commit_ms(dt) if travel and response == PARQUET_FORMAT else None
+    lines = _head_lines(dt, response, with_version=travel)
     for file in files:
         line = _file_line(sharing, request, who, ds, name, file)
-        if travel:
+        if response == DELTA:
+            line = _delta_file_line(line, file)
+        elif travel:
             line["file"]["version"] = dt.version()
             line["file"]["timestamp"] = when
         lines.append(line)
-    return _ndjson(lines, dt.version())
+    return _ndjson(lines, dt.version(), response)
 
 
 def _commit_ms(dt: DeltaTable) -> int | None:
@@ -426,6 +486,13 @@ def table_changes(
     """The inserted rows' files of a version range, where that is the whole change."""
     sharing = _sharing(request)
     ds = _dataset(sharing, who, share, schema)
+    if PARQUET_FORMAT not in _offered_formats(request):
+        raise SharingError(
+            400,
+            "INVALID_PARAMETER_VALUE",
+            "the changes are served in the parquet response format only: "
+            "read them without use_delta_format",
+        )
     name = table.lower()
     dt = tables.open_table(ds, name)
     head = dt.version()

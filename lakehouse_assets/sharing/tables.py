@@ -136,6 +136,8 @@ class TableFile:
     timestamp: int | None = None
     kind: str = "file"
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the add action's ``modificationTime`` (ms), which the delta response format carries
+    modified: int = 0
 
 
 def snapshot_files(dt: DeltaTable) -> list[TableFile]:
@@ -148,8 +150,46 @@ def snapshot_files(dt: DeltaTable) -> list[TableFile]:
         stats = None
         if row.get("num_records") is not None:
             stats = json.dumps({"numRecords": int(row["num_records"])})
-        files.append(TableFile(unquote(row["path"]), int(row["size_bytes"]), values, stats))
+        modified = int(row.get("modification_time") or 0)
+        files.append(
+            TableFile(
+                unquote(row["path"]), int(row["size_bytes"]), values, stats, modified=modified
+            )
+        )
     return files
+
+
+def delta_protocol_line(dt: DeltaTable) -> dict[str, Any]:
+    """The table's ``protocol`` line in the delta response format: its own Delta protocol."""
+    protocol = dt.protocol()
+    out: dict[str, Any] = {
+        "minReaderVersion": protocol.min_reader_version,
+        "minWriterVersion": protocol.min_writer_version,
+    }
+    if protocol.reader_features:
+        out["readerFeatures"] = list(protocol.reader_features)
+    if protocol.writer_features:
+        out["writerFeatures"] = list(protocol.writer_features)
+    return {"protocol": {"deltaProtocol": out}}
+
+
+def delta_metadata_line(dt: DeltaTable) -> dict[str, Any]:
+    """The table's ``metaData`` line in the delta response format: its Delta metadata
+    action, with the version it describes."""
+    meta = dt.metadata()
+    delta: dict[str, Any] = {
+        "id": meta.id,
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": dt.schema().to_json(),
+        "partitionColumns": list(meta.partition_columns),
+        "configuration": dict(meta.configuration),
+        "createdTime": meta.created_time,
+    }
+    if meta.name:
+        delta["name"] = meta.name
+    if meta.description:
+        delta["description"] = meta.description
+    return {"metaData": {"version": dt.version(), "deltaMetadata": delta}}
 
 
 def _partition_text(value: Any) -> str | None:

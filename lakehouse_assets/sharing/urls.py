@@ -5,14 +5,18 @@ query's answer comes with a URL valid for ``LAKEHOUSE_SHARING_URL_SECONDS``.
 
 - **S3**: a presigned ``GET`` of that object (boto3, the lake's own client);
   the storage server checks the signature and the expiry.
-- **A local lake**: ``{base}/delta-sharing/files/{name}?g={grant}&s={signature}``
+- **A local lake**: ``{base}/delta-sharing/files/{name}?sp=r&g={grant}&s={signature}``
   on this server, where ``grant`` is the base64url JSON of (dataset, table,
   path in the table, expiry, token id) and ``signature`` its HMAC-SHA256
   under a key derived from the server secret (never the secret itself, which
   signs tokens). The route checks the signature in constant time, the expiry,
   that the token id was not revoked since, and that the path stays inside
   that dataset's table folder. Nothing of a URL can be changed to reach
-  another dataset's file: the dataset is inside what is signed.
+  another dataset's file: the dataset is inside what is signed. ``sp=r``
+  ("signed permission: read", as in an Azure SAS) is what delta-kernel looks
+  for to tell a presigned URL from a path under the table root (its
+  ``is_presigned``: ``X-Amz-Signature``, ``sp``, ``X-Goog-Credential``…); the
+  route ignores it, as every URL of this route grants reading one file only.
 """
 
 from __future__ import annotations
@@ -71,13 +75,13 @@ class FileGrant:
 
 
 def sign(key: bytes, grant: FileGrant) -> str:
-    """``{name}?g={grant}&s={signature}``: the route's tail for a local file (the
+    """``{name}?sp=r&g={grant}&s={signature}``: the route's tail for a local file (the
     capability in the query string, which the server's access log never writes)."""
     fields = [grant.dataset, grant.table, grant.path, grant.expires, grant.jti]
     payload = _b64(json.dumps(fields, separators=(",", ":")).encode())
     signature = _b64(hmac.new(key, payload.encode(), hashlib.sha256).digest())
     name = quote(posixpath.basename(grant.path) or "data.parquet")
-    return f"{name}?g={payload}&s={signature}"
+    return f"{name}?sp=r&g={payload}&s={signature}"
 
 
 def verify(key: bytes, payload: str, signature: str, revoked: Revocations) -> FileGrant:

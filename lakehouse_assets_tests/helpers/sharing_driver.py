@@ -11,7 +11,8 @@ false, "error": "..."}``), each frame it loads to ``OUT_DIR/{i}.parquet``:
 
 - ``{"op": "list_all_tables"}``: the tables as ``share.schema.table`` names;
 - ``{"op": "load", "table": "share.schema.table", "version": N, "timestamp": T,
-  "limit": N}``: ``delta_sharing.load_as_pandas``;
+  "limit": N, "delta": B}``: ``delta_sharing.load_as_pandas`` (``delta``: its
+  ``use_delta_format``; absent, the connector asks the server which format);
 - ``{"op": "changes", "table": ..., "starting_version": N, "ending_version": N}``:
   ``delta_sharing.load_table_changes_as_pandas``;
 - ``{"op": "version", "table": ...}``: ``SharingClient``'s table version.
@@ -47,7 +48,11 @@ def run(profile: str, op: dict[str, Any], out: Path, index: int) -> dict[str, An
         return {"version": version}
     if op["op"] == "load":
         df = delta_sharing.load_as_pandas(
-            url, limit=op.get("limit"), version=op.get("version"), timestamp=op.get("timestamp")
+            url,
+            limit=op.get("limit"),
+            version=op.get("version"),
+            timestamp=op.get("timestamp"),
+            use_delta_format=op.get("delta"),
         )
     elif op["op"] == "changes":
         df = delta_sharing.load_table_changes_as_pandas(
