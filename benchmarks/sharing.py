@@ -6,7 +6,10 @@ about ``--statements`` statements (kek.ftm.json scaled, one flush), starts
 
 - **sharing**: ``delta_sharing.load_as_pandas`` of ``lake.bench.statements``
   with a profile from this server (the connector in ``.venv-sharing``: ``make
-  sharing-client``), every file fetched over HTTP from the signed route;
+  sharing-client``), every file fetched over HTTP from the signed route, in
+  the response format the two agree on (delta: delta-kernel reads the files);
+- **parquet**: the same with ``use_delta_format=False`` (the parquet response
+  format: the connector reads and converts file by file);
 - **local**: ``DeltaTable(uri).to_pandas()`` (delta-rs on the lake's folder).
 
 Honest on a shared machine: each round runs both, in alternating order, each
@@ -64,11 +67,14 @@ def build(statements: int) -> Lakehouse:
     return lake
 
 
-def sharing_read(profile_path: Path, work: Path) -> tuple[int, float, float]:
+def sharing_read(
+    profile_path: Path, work: Path, delta: bool | None = None
+) -> tuple[int, float, float]:
     """The connector's second ``load_as_pandas`` in a fresh process: (rows, seconds,
-    CPU seconds of all its threads)."""
+    CPU seconds of all its threads); ``delta`` is its ``use_delta_format``."""
     spec = work / "spec.json"
-    spec.write_text(json.dumps([{"op": "load", "table": "lake.bench.statements"}] * 2))
+    load = {"op": "load", "table": "lake.bench.statements", "delta": delta}
+    spec.write_text(json.dumps([load] * 2))
     out = work / "out"
     subprocess.run([str(PYTHON), str(DRIVER), str(profile_path), str(spec), str(out)], check=True)
     results = json.loads((out / "results.json").read_text())
@@ -135,7 +141,7 @@ def main() -> None:
         raise SystemExit(f"{PYTHON} missing: run `make sharing-client`")
     lake = build(args.statements)
     files = len(DeltaTable(lake.dataset("bench").statements_table.uri).file_uris())
-    kinds = ["sharing", "local"] + (["baseline"] if args.baseline else [])
+    kinds = ["sharing", "parquet", "local"] + (["baseline"] if args.baseline else [])
     times: dict[str, list[float]] = {kind: [] for kind in kinds}
     #: CPU seconds of a read: the reader's process, and for sharing the server's too
     cpus: dict[str, list[float]] = {kind: [] for kind in kinds}
@@ -164,16 +170,19 @@ def main() -> None:
             for i in range(args.rounds):
                 order = kinds if i % 2 == 0 else kinds[::-1]
                 for name in order:
-                    before = _cpu_of(pids[name]) if name in pids else 0.0
-                    got = (
-                        local_read(lake) if name == "local" else sharing_read(profiles[name], work)
-                    )
+                    server = "sharing" if name == "parquet" else name
+                    before = _cpu_of(pids[server]) if server in pids else 0.0
+                    if name == "local":
+                        got = local_read(lake)
+                    else:
+                        delta = False if name in ("parquet", "baseline") else None
+                        got = sharing_read(profiles[server], work, delta)
                     rows[name] = got[0]
                     times[name].append(got[1])
                     cpus[name].append(got[2])
                     # the server served two reads: the untimed first and the timed second
-                    if name in pids:
-                        served[name].append((_cpu_of(pids[name]) - before) / 2)
+                    if server in pids:
+                        served[name].append((_cpu_of(pids[server]) - before) / 2)
                 done = ", ".join(f"{k} {times[k][-1]:.2f} s" for k in kinds)
                 print(f"round {i + 1}: {done}, load {_load()}", flush=True)
         finally:
@@ -190,7 +199,8 @@ def main() -> None:
     )
     print(f"{'read':<36}{'best s':>8}{'median s':>10}{'best rows/s':>13}{'median rows/s':>15}")
     labels = {
-        "sharing": "delta_sharing.load_as_pandas (HTTP)",
+        "sharing": "load_as_pandas, delta format (HTTP)",
+        "parquet": "load_as_pandas, parquet format",
         "baseline": "the same, the baseline's server",
         "local": "DeltaTable.to_pandas (local)",
     }
@@ -198,27 +208,23 @@ def main() -> None:
         label = labels[name]
         best, median = min(times[name]), statistics.median(times[name])
         print(f"{label:<36}{best:>8.2f}{median:>10.2f}{n / best:>13,.0f}{n / median:>15,.0f}")
-    rounds = [lo / sh for sh, lo in zip(times["sharing"], times["local"], strict=True)]
-    print(
-        f"ratio sharing/local (rows/s): best {min(times['local']) / min(times['sharing']):.2f}, "
-        f"median {statistics.median(times['local']) / statistics.median(times['sharing']):.2f}, "
-        f"median of the rounds' ratios {statistics.median(rounds):.2f}"
-    )
-    if args.baseline:
-        base = [lo / sh for sh, lo in zip(times["baseline"], times["local"], strict=True)]
+    local = times["local"]
+    for name in (k for k in kinds if k != "local"):
+        mine = times[name]
+        rounds = [lo / sh for sh, lo in zip(mine, local, strict=True)]
         print(
-            f"ratio baseline/local (rows/s): best "
-            f"{min(times['local']) / min(times['baseline']):.2f}, median "
-            f"{statistics.median(times['local']) / statistics.median(times['baseline']):.2f}, "
-            f"median of the rounds' ratios {statistics.median(base):.2f}"
+            f"ratio {name}/local (rows/s): best {min(local) / min(mine):.2f}, "
+            f"median {statistics.median(local) / statistics.median(mine):.2f}, "
+            f"median of the rounds' ratios {statistics.median(rounds):.2f}"
         )
-    print(f"server: {requests / (2 * args.rounds):.0f} file requests per read ({files} files)")
+    # this server served the sharing and the parquet reads, two per round each
+    print(f"server: {requests / (4 * args.rounds):.0f} file requests per read ({files} files)")
     for name in kinds:
         cpu = statistics.median(cpus[name])
         extra = ""
         if served[name]:
-            server = statistics.median(served[name])
-            extra = f" + the server's {server:.2f} s = {cpu + server:.2f} s"
+            by_server = statistics.median(served[name])
+            extra = f" + the server's {by_server:.2f} s = {cpu + by_server:.2f} s"
         print(f"CPU per read (median), {labels[name]}: {cpu:.2f} s{extra}")
 
 
