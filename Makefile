@@ -17,9 +17,11 @@ YENTE_STAMP := $(YENTE_VENV)/.installed
 # caps pyarrow at 23 (we pin 26); the sharing tests drive it there (skip without it)
 SHARING_VENV ?= .venv-sharing
 SHARING_STAMP := $(SHARING_VENV)/.installed
-# the data-plane group again in process and on the cluster (setup.cfg's markers):
-# not the tests that start no Spark, nor on the cluster those of the driver itself
-INPROCESS_TESTS := spark_modes and not spark_free
+# the data-plane group again on the cluster (setup.cfg's markers), not the tests
+# that start no Spark nor those of the driver itself; in process (local[*]) the
+# driver's tests and the flush's (local_mode): the cluster's driver is an
+# in-process session too (pyspark's classic API, as local[*]), its executors elsewhere
+INPROCESS_TESTS := spark_modes and not spark_free and (local_mode or driver)
 CLUSTER_TESTS := (spark_modes and not spark_free and not driver) or cluster
 # the persistent Dagster instance (runs, sensors' cursors, partitions)
 export DAGSTER_HOME := $(CURDIR)/dagster_home
@@ -66,10 +68,11 @@ demo: install java
 ui: install java
 	@LAKE=$(DEMO_LAKE) VENV=$(VENV) UI_PORT=$(UI_PORT) sh lakehouse_assets/sample/ui.sh
 
-# the suite with Spark Connect (a server per test worker), then the data-plane
+# the suite with Spark Connect (a server per test worker), then with an
+# in-process local[*] Spark (one process cannot mix the two) the flush's
+# data-plane tests and those of the driver's own decisions, then the data-plane
 # group (flush, exports, compact, optimize, mappings, checks, snapshots: tests
-# marked spark_modes) again with an in-process Spark (one process cannot mix
-# the two), then on a local standalone cluster (a master and 2 workers the
+# marked spark_modes) on a local standalone cluster (a master and 2 workers the
 # test workers share, the executors without this package; local lakes on SQLite
 # journals, S3 lakes on PostgreSQL ones) with the cluster tests
 test: install java yente sharing-client

@@ -372,8 +372,9 @@ def sample_entities() -> list[dict[str, object]]:
 #: lakehouse's dependencies but not the lakehouse (the session ships it), lakes
 #: on PostgreSQL journals.
 #: pyspark cannot mix the two in one process: ``make test`` runs the suite in
-#: Connect mode, then the data-plane group (tests marked ``spark_modes``) again
-#: in process, then on the cluster.
+#: Connect mode, then in process the flush's tests (``local_mode``) and the
+#: driver's (``driver``), then the data-plane group (``spark_modes``) on the
+#: cluster, whose driver is an in-process session too.
 SPARK_MODE = os.environ.get("LAKEHOUSE_TEST_SPARK", "connect")
 TEST_SPARK = {"spark_shuffle_partitions": 2, "spark_driver_memory": "2g"}
 

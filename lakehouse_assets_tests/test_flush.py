@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 #: the data-plane group: ``make test`` runs it with Spark Connect and in process
-pytestmark = pytest.mark.spark_modes
+#: the flush in every Spark mode: Connect, the default local[*] in process, the cluster
+pytestmark = [pytest.mark.spark_modes, pytest.mark.local_mode]
 
 
 @pytest.mark.spark_free
