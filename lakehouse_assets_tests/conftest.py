@@ -1,9 +1,9 @@
 """Shared fixtures: a temp lake (local folder or loopback S3), journals, servers.
 
-The S3 server is a real moto server process on 127.0.0.1 (random free
-port, conditional writes atomic), started once per test session and stopped by its own PID. PostgreSQL
-tests use the server on 127.0.0.1:5432 when it answers and are skipped with
-a visible reason when it does not.
+The S3 server is a real moto server process on 127.0.0.1 (random free port,
+its conditional writes atomic), started once per test session and stopped by
+its own PID. PostgreSQL tests use the server on 127.0.0.1:5432 when it answers
+and are skipped with a visible reason when it does not.
 """
 
 from __future__ import annotations
