@@ -10,6 +10,10 @@ about ``--statements`` statements (kek.ftm.json scaled, one flush), starts
   the response format the two agree on (delta: delta-kernel reads the files);
 - **parquet**: the same with ``use_delta_format=False`` (the parquet response
   format: the connector reads and converts file by file);
+- **kernel-local**, **parquet-local**: the connector's own two readers (its
+  delta-kernel scan, its per-file reader of the parquet format) on the same
+  files on this disk, no HTTP and no server (:mod:`benchmarks.sharing_local`):
+  the most any server could give each format;
 - **local**: ``DeltaTable(uri).to_pandas()`` (delta-rs on the lake's folder).
 
 Honest on a shared machine: each round runs both, in alternating order, each
@@ -38,6 +42,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pyarrow as pa
 from deltalake import DeltaTable
 
 from benchmarks import data
@@ -104,6 +109,38 @@ def _local_child(uri: str) -> None:
     print(json.dumps({"rows": len(frame), "seconds": seconds, "cpu_seconds": cpu}))
 
 
+def connector_local_read(kind: str, lake: Lakehouse, work: Path) -> tuple[int, float, float]:
+    """The connector's own reader of ``kind`` (``delta``: delta-kernel; ``parquet``: its
+    per-file reader) on the table's files on this disk, no server
+    (:mod:`benchmarks.sharing_local`): (rows, seconds, CPU seconds)."""
+    dt = DeltaTable(lake.dataset("bench").statements_table.uri)
+    listing = work / "files.json"
+    if not listing.exists():
+        actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+        root = Path(dt.table_uri.removeprefix("file://"))
+        files = [
+            {
+                "path": str(root / a["path"]),
+                "size": int(a["size_bytes"]),
+                "partitionValues": {
+                    k.removeprefix("partition."): v
+                    for k, v in a.items()
+                    if k.startswith("partition.")
+                },
+            }
+            for a in actions
+        ]
+        schema = dt.schema().to_json()
+        listing.write_text(json.dumps({"files": files, "schema": schema}))
+    script = REPO / "benchmarks" / "sharing_local.py"
+    args = [str(PYTHON), "-P", str(script), kind, dt.table_uri, str(listing)]
+    done = subprocess.run(args, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the connector's {kind} reader failed: {done.stderr[-3000:]}")
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    return int(got["rows"]), float(got["seconds"]), float(got["cpu_seconds"])
+
+
 def _cpu_of(pid: int) -> float:
     """A process's CPU seconds so far (user + system, from /proc; 0 elsewhere)."""
     try:
@@ -141,7 +178,8 @@ def main() -> None:
         raise SystemExit(f"{PYTHON} missing: run `make sharing-client`")
     lake = build(args.statements)
     files = len(DeltaTable(lake.dataset("bench").statements_table.uri).file_uris())
-    kinds = ["sharing", "parquet", "local"] + (["baseline"] if args.baseline else [])
+    kinds = ["sharing", "parquet", "kernel-local", "parquet-local", "local"]
+    kinds += ["baseline"] if args.baseline else []
     times: dict[str, list[float]] = {kind: [] for kind in kinds}
     #: CPU seconds of a read: the reader's process, and for sharing the server's too
     cpus: dict[str, list[float]] = {kind: [] for kind in kinds}
@@ -174,6 +212,10 @@ def main() -> None:
                     before = _cpu_of(pids[server]) if server in pids else 0.0
                     if name == "local":
                         got = local_read(lake)
+                    elif name.endswith("-local"):
+                        got = connector_local_read(
+                            name.split("-")[0].replace("kernel", "delta"), lake, work
+                        )
                     else:
                         delta = False if name in ("parquet", "baseline") else None
                         got = sharing_read(profiles[server], work, delta)
@@ -202,6 +244,8 @@ def main() -> None:
         "sharing": "load_as_pandas, delta format (HTTP)",
         "parquet": "load_as_pandas, parquet format",
         "baseline": "the same, the baseline's server",
+        "kernel-local": "delta-kernel, the files on disk",
+        "parquet-local": "connector's file reader, on disk",
         "local": "DeltaTable.to_pandas (local)",
     }
     for name in kinds:
