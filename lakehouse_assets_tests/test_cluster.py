@@ -442,9 +442,28 @@ def _child_env(lake: Lakehouse, **extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="module")
+def local_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """The exports of an in-process ``local[1]`` CLI ``make`` of :func:`_seen_entities`
+    (fixed seen times) on a lake of its own: what every run on the cluster must
+    equal byte for byte. Made once for the module (each is a JVM's start and a
+    ``make``, and three tests compare with it)."""
+    root = tmp_path_factory.mktemp("reference")
+    lake = Lakehouse(root / "lake", journal_url=f"sqlite:///{root / 'journal.sqlite'}")
+    ds = lake.create_dataset("seen_fixed")
+    ds.write_entities(io.BytesIO(_seen_entities()), origin="import")
+    done = _cli(*cli_args(ds), "make", env=_child_env(lake, LAKEHOUSE_SPARK_MASTER="local[1]"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {path: ds.store.read_bytes(cv.dataset_path(ds.name, path)) for path in EXPORTS}
+
+
 @pytest.mark.slow
 def test_a_connect_server_on_the_cluster_runs_the_shipped_code(
-    spark: SparkSession, spark_cluster: Settings, local_lake: Lakehouse, tmp_path: Path
+    spark: SparkSession,
+    spark_cluster: Settings,
+    local_lake: Lakehouse,
+    local_reference: dict[str, bytes],
+    tmp_path: Path,
 ) -> None:
     """A Spark Connect server whose driver uses the cluster, and whose Python (for
     its own data-source planning and for the executors) lacks the package: a
@@ -454,33 +473,10 @@ def test_a_connect_server_on_the_cluster_runs_the_shipped_code(
     ``remote`` set by run config (docs/cluster.md's recipe; no JVM in the run
     worker), whose exports are byte for byte those of an in-process
     ``local[1]`` run of the same input (fixed seen times) on another lake."""
-    seen = _seen_entities()
-    # the in-process reference run, started first: it overlaps the server's start
-    reference_lake = Lakehouse(
-        tmp_path / "reference", journal_url=f"sqlite:///{tmp_path / 'reference.sqlite'}"
-    )
-    reference_ds = reference_lake.create_dataset("seen_fixed")
-    reference_ds.write_entities(io.BytesIO(seen), origin="import")
-    log = tmp_path / "reference.log"
-    with log.open("wb") as output:  # a file: a pipe nobody reads while the server starts fills up
-        reference = subprocess.Popen(
-            [*LAKEHOUSE, *cli_args(reference_ds), "make"],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env=_child_env(reference_lake, LAKEHOUSE_SPARK_MASTER="local[1]"),
-        )
-    try:
-        on_cluster = _refresh_on_a_connect_server(spark_cluster, local_lake, seen, tmp_path)
-        reference.wait(timeout=600)
-    finally:
-        if reference.poll() is None:
-            reference.kill()
-            reference.wait()
-    assert reference.returncode == 0, log.read_text()[-3000:]
+    on_cluster = _refresh_on_a_connect_server(spark_cluster, local_lake, _seen_entities(), tmp_path)
     for path in EXPORTS:
         mine = on_cluster.store.read_bytes(cv.dataset_path(on_cluster.name, path))
-        theirs = reference_ds.store.read_bytes(cv.dataset_path(reference_ds.name, path))
-        assert mine == theirs, f"{path} differs between the cluster and local[1]"
+        assert mine == local_reference[path], f"{path} differs between the cluster and local[1]"
 
 
 def _refresh_on_a_connect_server(
@@ -552,7 +548,7 @@ def _refresh_on_a_connect_server(
 
 @pytest.mark.slow
 def test_make_on_the_cluster_is_byte_for_byte_an_in_process_make(
-    spark: SparkSession, lake: Lakehouse, tmp_path: Path
+    spark: SparkSession, lake: Lakehouse, local_reference: dict[str, bytes]
 ) -> None:
     """``make`` with the in-process driver on the cluster (this process's Spark),
     Spark doing the flush (a local lake on a SQLite journal: the driver reads the
@@ -561,18 +557,6 @@ def test_make_on_the_cluster_is_byte_for_byte_an_in_process_make(
     export, equals byte for byte an in-process ``local[1]`` CLI ``make`` of the
     same input on another lake; nothing is left in the staging area."""
     seen = _seen_entities()
-    reference_lake = Lakehouse(
-        tmp_path / "reference", journal_url=f"sqlite:///{tmp_path / 'reference.sqlite'}"
-    )
-    reference_ds = reference_lake.create_dataset("seen_fixed")
-    reference_ds.write_entities(io.BytesIO(seen), origin="import")
-    reference = _cli(
-        *cli_args(reference_ds),
-        "make",
-        env=_child_env(reference_lake, LAKEHOUSE_SPARK_MASTER="local[1]"),
-    )
-    assert reference.returncode == 0, reference.stderr[-3000:]
-
     on_spark = Lakehouse(
         lake.store.uri,
         settings=lake.settings.model_copy(update={"flush_driver_rows": 0}),
@@ -583,8 +567,7 @@ def test_make_on_the_cluster_is_byte_for_byte_an_in_process_make(
     assert ds.journal.count(ds.name) == 0 and len(table_rows(ds)) == count
     for path in EXPORTS:
         mine = ds.store.read_bytes(cv.dataset_path(ds.name, path))
-        theirs = reference_ds.store.read_bytes(cv.dataset_path(reference_ds.name, path))
-        assert mine == theirs, f"{path} differs between the cluster and local[1]"
+        assert mine == local_reference[path], f"{path} differs between the cluster and local[1]"
     assert not [
         p for p in ds.store.list(cv.dataset_path(ds.name, cv.STAGING)) if p.endswith(".parquet")
     ]
