@@ -17,12 +17,15 @@ YENTE_STAMP := $(YENTE_VENV)/.installed
 # caps pyarrow at 23 (we pin 26); the sharing tests drive it there (skip without it)
 SHARING_VENV ?= .venv-sharing
 SHARING_STAMP := $(SHARING_VENV)/.installed
-# the data-plane group again on the cluster (setup.cfg's markers), not the tests
-# that start no Spark nor those of the driver itself; in process (local[*]) the
-# driver's tests and the flush's (local_mode): the cluster's driver is an
-# in-process session too (pyspark's classic API, as local[*]), its executors elsewhere
+# on the cluster (setup.cfg's markers): make test runs the cluster's own tests and,
+# of the data-plane group, those of each module's Spark path (on_cluster); make
+# test-cluster the whole group but the tests that start no Spark and those of the
+# driver itself. In process (local[*]) the driver's tests and the flush's
+# (local_mode): the cluster's driver is an in-process session too (pyspark's
+# classic API, as local[*]), its executors elsewhere
 INPROCESS_TESTS := spark_modes and not spark_free and (local_mode or driver)
-CLUSTER_TESTS := (spark_modes and not spark_free and not driver) or cluster
+CLUSTER_TESTS := cluster or (on_cluster and not driver)
+CLUSTER_ALL_TESTS := (spark_modes and not spark_free and not driver) or cluster
 # the persistent Dagster instance (runs, sensors' cursors, partitions)
 export DAGSTER_HOME := $(CURDIR)/dagster_home
 
@@ -70,21 +73,22 @@ ui: install java
 
 # the suite with Spark Connect (a server per test worker), then with an
 # in-process local[*] Spark (one process cannot mix the two) the flush's
-# data-plane tests and those of the driver's own decisions, then the data-plane
-# group (flush, exports, compact, optimize, mappings, checks, snapshots: tests
-# marked spark_modes) on a local standalone cluster (a master and 2 workers the
-# test workers share, the executors without this package; local lakes on SQLite
-# journals, S3 lakes on PostgreSQL ones) with the cluster tests
+# data-plane tests and those of the driver's own decisions, then on a local
+# standalone cluster (a master and 2 workers the test workers share, the
+# executors without this package; local lakes on SQLite journals, S3 lakes on
+# PostgreSQL ones) the cluster tests and, of the data-plane group (flush,
+# exports, compact, optimize, mappings, checks, snapshots: spark_modes), the
+# tests of each module's Spark path (on_cluster; make test-cluster: all of it)
 test: install java yente sharing-client
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH dg check defs
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 	LAKEHOUSE_TEST_SPARK=inprocess $(PY) -m pytest -n 2 --dist loadfile -m "$(INPROCESS_TESTS)" $(PYTEST_ARGS)
 	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist loadfile -m "$(CLUSTER_TESTS)" $(PYTEST_ARGS)
 
-# the cluster part of `make test` alone: the data-plane group and the cluster
-# tests on the local standalone cluster
+# the whole data-plane group and the cluster tests on the local standalone
+# cluster (make test runs the cluster tests and the on_cluster part of the group)
 test-cluster: install java
-	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist loadfile -m "$(CLUSTER_TESTS)" $(PYTEST_ARGS)
+	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist loadfile -m "$(CLUSTER_ALL_TESTS)" $(PYTEST_ARGS)
 
 # the property suite with every property at >= 100 examples locally, 20 on S3,
 # the crash tests at every flush fault point, and the HTTP API's fuzz run at 100

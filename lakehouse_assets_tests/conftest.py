@@ -373,8 +373,9 @@ def sample_entities() -> list[dict[str, object]]:
 #: on PostgreSQL journals.
 #: pyspark cannot mix the two in one process: ``make test`` runs the suite in
 #: Connect mode, then in process the flush's tests (``local_mode``) and the
-#: driver's (``driver``), then the data-plane group (``spark_modes``) on the
-#: cluster, whose driver is an in-process session too.
+#: driver's (``driver``), then on the cluster, whose driver is an in-process
+#: session too, the cluster's tests and each data-plane module's Spark path
+#: (``on_cluster``; ``make test-cluster``: the whole ``spark_modes`` group).
 SPARK_MODE = os.environ.get("LAKEHOUSE_TEST_SPARK", "connect")
 TEST_SPARK = {"spark_shuffle_partitions": 2, "spark_driver_memory": "2g"}
 

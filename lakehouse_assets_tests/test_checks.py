@@ -26,6 +26,7 @@ statement = st.fixed_dictionaries(
 )
 
 
+@pytest.mark.on_cluster
 @settings(max_examples=examples(5, 50), deadline=None)
 @given(st.lists(statement, min_size=1, max_size=200))
 def test_statement_key_in_sql_is_followthemoneys(spark: Any, rows: list[dict[str, Any]]) -> None:

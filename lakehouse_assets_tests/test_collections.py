@@ -363,6 +363,7 @@ def test_judgement_change_rebuilds_byte_identical_to_full(
 
 
 @data_plane
+@pytest.mark.on_cluster
 def test_duckdb_and_spark_build_the_same_collection(
     built: tuple[Lakehouse, Dataset], monkeypatch: pytest.MonkeyPatch
 ) -> None:

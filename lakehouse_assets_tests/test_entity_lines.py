@@ -128,6 +128,7 @@ def test_json_strings_are_escaped_as_spark_writes_them(spark: SparkSession) -> N
 LINE_EXAMPLES = examples(5 if SPARK_MODE == "cluster" else 15, 150)
 
 
+@pytest.mark.on_cluster
 @settings(max_examples=LINE_EXAMPLES, deadline=None)
 @given(
     drawn=st.lists(statement, min_size=1, max_size=16),

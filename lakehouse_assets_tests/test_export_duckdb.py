@@ -86,6 +86,7 @@ def full_pass(ds: Dataset, engine: str, monkeypatch: pytest.MonkeyPatch) -> dict
 
 
 @pytest.mark.spark_modes
+@pytest.mark.on_cluster
 def test_both_engines_write_the_same_bytes(
     spark: SparkSession, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -144,6 +144,7 @@ def test_index_json_links_every_export(exported: tuple[Dataset, list[Statement]]
     assert json.loads(ds.store.read_text(versions[0])) == index
 
 
+@pytest.mark.on_cluster
 def test_exports_skip_when_fresh_and_follow_new_writes(
     spark: SparkSession, local_lake: Lakehouse
 ) -> None:
@@ -466,6 +467,7 @@ def test_sql_entities_and_statistics_on_awkward_entities(
     assert (stats["start"], stats["end"]) == ("2001-02-03", "2019-05-01")
 
 
+@pytest.mark.on_cluster
 def test_the_export_is_the_same_bytes_on_one_partition_and_on_several(
     spark: SparkSession,
     local_lake: Lakehouse,

@@ -614,6 +614,7 @@ _flush_operation = st.one_of(
 _lakes = iter(range(10**9))
 
 
+@pytest.mark.on_cluster
 @settings(max_examples=examples(2, 25), deadline=None)
 @given(batches=st.lists(st.lists(_flush_operation, min_size=1, max_size=6), min_size=1, max_size=3))
 def test_the_driver_and_spark_flush_a_batch_alike(

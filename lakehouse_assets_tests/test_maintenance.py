@@ -67,7 +67,12 @@ def test_compact_on_empty_dataset_is_a_no_op(spark: SparkSession, local_lake: La
 
 
 @pytest.mark.parametrize(
-    "by", [pytest.param("driver", marks=pytest.mark.driver), "spark"], ids=["driver", "spark"]
+    "by",
+    [
+        pytest.param("driver", marks=pytest.mark.driver),
+        pytest.param("spark", marks=pytest.mark.on_cluster),
+    ],
+    ids=["driver", "spark"],
 )
 def test_optimize_on_the_driver_and_with_spark_change_nothing_visible(
     spark: SparkSession, local_lake: Lakehouse, monkeypatch: pytest.MonkeyPatch, by: str

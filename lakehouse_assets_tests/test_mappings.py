@@ -305,6 +305,7 @@ def test_mapping_sensor_and_job(local_lake: Lakehouse, tmp_path: Path) -> None:
     assert listed["fresh"] is True
 
 
+@pytest.mark.on_cluster
 def test_spark_mapping_stages_in_the_lake(
     spark: SparkSession, lake: Lakehouse, tmp_path: Path
 ) -> None:
