@@ -23,8 +23,8 @@ import pytest
 
 from lakehouse_assets import Dataset, Lakehouse, Settings
 from lakehouse_assets import conventions as cv
+from lakehouse_assets_tests import test_cluster
 from lakehouse_assets_tests.conftest import (
-    SPARK_MODE,
     cli_args,
     free_port,
     lakehouse_env,
@@ -37,12 +37,8 @@ from lakehouse_assets_tests.test_cluster import _cli, _export_bytes, _people
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.skipif(
-        SPARK_MODE != "cluster", reason="runs in the cluster mode (LAKEHOUSE_TEST_SPARK=cluster)"
-    ),
-]
+#: test_cluster's marks: the cluster mode only
+pytestmark = test_cluster.pytestmark
 
 
 #: The exports compared byte for byte between the cluster and an in-process run.
