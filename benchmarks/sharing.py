@@ -16,9 +16,9 @@ about ``--statements`` statements (kek.ftm.json scaled, one flush), starts
   the most any server could give each format;
 - **local**: ``DeltaTable(uri).to_pandas()`` (delta-rs on the lake's folder).
 
-Honest on a shared machine: each round runs both, in alternating order, each
-in a fresh process of its own venv that reads twice and times the second read
-(imports, the first connection and the page cache warm for both alike). Prints
+Honest on a shared machine: each round runs every read, in alternating order,
+each in a fresh process of its own venv that reads twice and times the second
+read (imports, the first connection and the page cache warm for all alike). Prints
 the best and the median of ``--rounds`` for each, their ratios, the median of
 the rounds' own ratios (the two reads of a round share the machine's load), the
 server's file requests per read, the load before and after, the commit.
@@ -213,9 +213,8 @@ def main() -> None:
                     if name == "local":
                         got = local_read(lake)
                     elif name.endswith("-local"):
-                        got = connector_local_read(
-                            name.split("-")[0].replace("kernel", "delta"), lake, work
-                        )
+                        reader = {"kernel-local": "delta", "parquet-local": "parquet"}[name]
+                        got = connector_local_read(reader, lake, work)
                     else:
                         delta = False if name in ("parquet", "baseline") else None
                         got = sharing_read(profiles[server], work, delta)
