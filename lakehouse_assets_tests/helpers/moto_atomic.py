@@ -12,8 +12,9 @@ own server with its object writes and deletes serialised by one lock.
 It also lists moto's services once, and finds a host's service once: moto's
 dispatcher does both on every request (``backends.list_of_moto_modules``: a
 ``listdir`` of its package and a ``stat`` of each of its ~200 entries; then
-about 80 URL patterns), a fifth of the server's CPU in an S3 test of the suite
-(cProfile: 1.08M ``stat`` calls for 5,907 requests; the test 55-61 -> 46 s).
+about 80 URL patterns): the listing alone a fifth of the server's CPU in an S3
+test of the suite (cProfile: 1.08M ``stat`` calls for 5,907 requests; the
+test 55-61 -> 46-52 s).
 
 :func:`command` is the command line that starts it (the arguments of ``moto_server``).
 """
