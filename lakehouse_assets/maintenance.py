@@ -31,7 +31,12 @@ from lakehouse_assets.settings import MAX_RETENTION_HOURS
 from lakehouse_assets.spark.session import get_spark, partitions_for, ranged
 from lakehouse_assets.tables.delta import DeltaLocation, commit, remove_action
 from lakehouse_assets.tables.parquet_files import write_table
-from lakehouse_assets.tables.schemas import STATEMENTS_PARTITION, STATEMENTS_SCHEMA, TRANSLOG_SCHEMA
+from lakehouse_assets.tables.schemas import (
+    STATEMENTS_ORDER,
+    STATEMENTS_PARTITION,
+    STATEMENTS_SCHEMA,
+    TRANSLOG_SCHEMA,
+)
 from lakehouse_assets.tables.snapshot import (
     DataFile,
     DatasetSnapshot,
@@ -51,9 +56,6 @@ if TYPE_CHECKING:
 
     from lakehouse_assets.context import DatasetContext
     from lakehouse_assets.versions import Version
-
-#: Sort order of statements files: point reads prune row groups on bucket and id.
-STATEMENTS_ORDER = ("bucket", "canonical_id", "prop", "value", "origin")
 
 
 @dataclass

@@ -55,6 +55,7 @@ from lakehouse_assets.tables.delta import commit
 from lakehouse_assets.tables.schemas import (
     PROVENANCE_FIELDS,
     STATEMENT_FIELDS,
+    STATEMENTS_ORDER,
     STATEMENTS_PARTITION,
     STATEMENTS_SCHEMA,
     TRANSLOG_SCHEMA,
@@ -70,9 +71,6 @@ if TYPE_CHECKING:
     from lakehouse_assets.tables.snapshot import DatasetSnapshot
 
 log = logging.getLogger(__name__)
-
-#: The order of the statements table's files (the flush's and compact's).
-STATEMENTS_ORDER = ("bucket", "canonical_id", "prop", "value", "origin")
 
 
 @dataclass

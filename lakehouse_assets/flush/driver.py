@@ -26,6 +26,7 @@ from lakehouse_assets.tables.parquet_files import write_table
 from lakehouse_assets.tables.probe import Probe, file_threads, probe
 from lakehouse_assets.tables.schemas import (
     CHANGES_SCHEMA,
+    STATEMENTS_ORDER,
     STATEMENTS_PARTITION,
     STATEMENTS_SCHEMA,
     TRANSLOG_SCHEMA,
@@ -134,10 +135,7 @@ def _flush_batch_on_driver(
     new = new.take(
         pc.sort_indices(
             new,
-            sort_keys=[
-                (c, "ascending", "at_start")
-                for c in ("bucket", "canonical_id", "prop", "value", "origin")
-            ],
+            sort_keys=STATEMENTS_SORT,
         )
     )
     actions = write_table(
@@ -260,9 +258,7 @@ def _rewrite_translog_on_driver(
 
 
 #: The order of a statements file's rows (as the Spark path sorts them).
-STATEMENTS_ORDER = [
-    (c, "ascending", "at_start") for c in ("bucket", "canonical_id", "prop", "value", "origin")
-]
+STATEMENTS_SORT = [(c, "ascending", "at_start") for c in STATEMENTS_ORDER]
 
 
 def _flush_new_buckets(
@@ -296,7 +292,7 @@ def _flush_new_buckets(
         if rows["deleted_at"].null_count < rows.num_rows:
             rows = rows.filter(pc.is_null(rows["deleted_at"]))
         new = rows.select(STATEMENTS_SCHEMA.names)
-        new = new.take(pc.sort_indices(new, sort_keys=STATEMENTS_ORDER))
+        new = new.take(pc.sort_indices(new, sort_keys=STATEMENTS_SORT))
         written = write_table(
             new, main.uri, main.storage_options, STATEMENTS_SCHEMA, partition=STATEMENTS_PARTITION
         )

@@ -81,6 +81,11 @@ CHANGES_SCHEMA = pa.schema(
 #: The statements table is partitioned by origin; the translog is not.
 STATEMENTS_PARTITION = "origin"
 
+#: The order of a statements file's rows (every writer's: the flush, optimize,
+#: a collection's build), so a file's row groups each hold a narrow range of
+#: buckets and canonical ids.
+STATEMENTS_ORDER: tuple[str, ...] = ("bucket", "canonical_id", "prop", "value", "origin")
+
 
 def physical_schema(schema: pa.Schema, partition: str | None) -> pa.Schema:
     """The schema stored in the Parquet files (Delta keeps partitions in the log)."""
