@@ -4,6 +4,7 @@
     python -m benchmarks.peer --warm               # ours on a warm Spark Connect server
     python -m benchmarks.peer --statements 1000000 --rounds 3
     python -m benchmarks.peer --statements 10000000 --only ours   # one system's figures
+    python -m benchmarks.peer --statements 10000000 --steps flush,exports   # a first build
 
 What it measures, for both systems, each in a fresh lake (a SQLite journal file
 beside it) and each step as its own process:
@@ -683,6 +684,7 @@ def run_round(
     server: SparkServer | None,
     timeout: float,
     only: Sequence[str] = SYSTEMS,
+    steps: Sequence[str] = STEPS,
 ) -> Round:
     result = Round(number)
     systems = {
@@ -709,7 +711,7 @@ def run_round(
                 f"round {number} {name} create dataset: exit {done.returncode}\n"
                 f"{done.stderr_tail()}"
             )
-    for step in STEPS:
+    for step in (s for s in STEPS if s in steps):
         for name in order:
             system = systems[name]
             if step not in system.commands:  # the peer has no make: its flush + exports
@@ -744,7 +746,7 @@ def run_round(
                 )
             elif problem:
                 result.failures.append(f"round {number} {name} {step}: {problem}")
-        if step == "write":
+        if step == "write" and "make" in steps:
             for system in systems.values():
                 if "make" in system.commands:
                     copy_for_make(system)
@@ -1043,7 +1045,19 @@ def main() -> None:
     parser.add_argument(
         "--only", choices=SYSTEMS, default=None, help="run one system only (no ratios)"
     )
+    parser.add_argument(
+        "--steps",
+        default=",".join(STEPS),
+        help="the steps to run, comma-separated (the journal write always runs): "
+        "`--steps flush,exports` for the first build's figures at 10M without an hour "
+        "of the others",
+    )
     args = parser.parse_args()
+    steps = ("write", *(s.strip() for s in args.steps.split(",") if s.strip() != "write"))
+    if unknown := [s for s in steps if s not in STEPS]:
+        parser.error(
+            f"--steps: unknown step(s) {', '.join(unknown)}; the steps are {', '.join(STEPS)}"
+        )
     only = (args.only,) if args.only else SYSTEMS
     if args.rounds < 1 or args.gets < 1:
         parser.error("--rounds and --gets must be at least 1")
@@ -1083,7 +1097,15 @@ def main() -> None:
             round_root = work / f"round-{number}"
             rounds.append(
                 run_round(
-                    number, round_root, data, ids_path, cache, server, args.step_timeout, only
+                    number,
+                    round_root,
+                    data,
+                    ids_path,
+                    cache,
+                    server,
+                    args.step_timeout,
+                    only,
+                    steps,
                 )
             )
         same = report(
