@@ -91,13 +91,15 @@ test-cluster: install java
 	LAKEHOUSE_TEST_SPARK=cluster $(PY) -m pytest -n 2 --dist loadfile -m "$(CLUSTER_ALL_TESTS)" $(PYTEST_ARGS)
 
 # the property suite with every property at >= 100 examples locally, 20 on S3,
-# the crash tests at every flush fault point, and the HTTP API's fuzz run at 100
-# examples an operation (long)
+# the crash tests at every flush fault point, the HTTP API's fuzz run at 100
+# examples an operation, and the JVM's class archive built anew (make test checks
+# the one make java built) (long)
 test-thorough: install java
 	LAKEHOUSE_TEST_PROFILE=thorough $(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS) \
 		lakehouse_assets_tests/test_properties_commits.py lakehouse_assets_tests/test_properties_dataset.py \
 		lakehouse_assets_tests/test_properties_incremental.py lakehouse_assets_tests/test_properties_versions.py \
-		lakehouse_assets_tests/test_crash.py lakehouse_assets_tests/test_server_fuzz.py
+		lakehouse_assets_tests/test_crash.py lakehouse_assets_tests/test_server_fuzz.py \
+		lakehouse_assets_tests/test_spark_class_archive.py
 
 # ruff, then the import contract (the layers in setup.cfg's [importlinter])
 lint: install
