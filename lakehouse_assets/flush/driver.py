@@ -314,7 +314,9 @@ def _flush_new_buckets(
         result.translog_version = version
         faults.point("flush.before_changes_commit")
         dead = pc.is_valid(live["deleted_at"])
-        _record_changes_on_driver(ds, live, dead, version, published, flush_id, fence)
+        _record_changes_on_driver(
+            ds, live, dead, version, published, flush_id, fence, ordered=False
+        )
         step("recorded the change feed (on the driver)")
 
 
@@ -359,15 +361,23 @@ def _record_changes_on_driver(
     published: int | None,
     flush_id: str,
     fence: Fence,
+    *,
+    ordered: bool = True,
 ) -> None:
     """:func:`record_changes` for a batch the driver flushed: ``updates`` are
-    the statements given a translog row (``dead``: those deleted)."""
+    the statements given a translog row (``dead``: those deleted); the rows
+    sorted by canonical id unless not ``ordered`` (:func:`.feed.feed_table`)."""
     import pyarrow.compute as pc
 
     if version == 0:
         return
     changes = feed.feed_table(
-        version, published, flush_id, pc.if_else(dead, feed.DEAD, feed.LIVE), updates
+        version,
+        published,
+        flush_id,
+        pc.if_else(dead, feed.DEAD, feed.LIVE),
+        updates,
+        ordered=ordered,
     )
     location = ds.changes_table
     actions = write_table(

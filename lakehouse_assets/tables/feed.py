@@ -222,10 +222,20 @@ def feed_table(
     flush_id: str,
     change: pa.Array | pa.ChunkedArray,
     keys: pa.Table,
+    *,
+    ordered: bool = True,
 ) -> pa.Table:
     """The feed's rows of one translog version, in its files' order: the
     ``version`` row, then one row per statement (``change``: live or dead, and
-    its ``origin``, ``id``, ``canonical_id`` in ``keys``), by canonical id."""
+    its ``origin``, ``id``, ``canonical_id`` in ``keys``), by canonical id, or
+    in ``keys``' order where not ``ordered``.
+
+    No reader needs the order (each filters the feed by translog version and
+    takes the unique canonical ids): it keeps a daily change's small file tidy.
+    A first build's batches after its first each record about a million new
+    statements, whose sort by two string columns was 0.75-1.05 s of a batch's
+    4.6 s, on one core (10M statements: 9 such batches), so they are written
+    as they come (``ordered`` False)."""
     rows = keys.num_rows + 1
     table = pa.table(
         {
@@ -244,6 +254,8 @@ def feed_table(
         },
         schema=CHANGES_SCHEMA,
     )
+    if not ordered:
+        return table
     return table.take(
         pc.sort_indices(
             table,
