@@ -262,7 +262,7 @@ def report(root: Path, args: argparse.Namespace) -> None:
         figures["change"].append(made)
         print(
             f"round {round_no}: "
-            + ", ".join(f"{k} {v[-1].seconds:.1f} s" for k, v in figures.items())
+            + ", ".join(f"{k} {v[-1].seconds:.1f} s" for k, v in figures.items() if v)
             + f" ({n:,} entities of {leaves[0]} changed)"
         )
 
